@@ -207,8 +207,8 @@ def three_launches(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch
 @pytest.mark.parametrize("n,k", [(100, 96), (130, 40)])  # N and K off the 64-wide tiles, K under one tile
 def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_row_count(device, dtype, n, k):
     """gate_rows (SwiGLU under `SPECGEN_TRITON_PRODUCTS=1`): silu(x @ w1^T) * (x @ w3^T) in one launch, bitwise the
-    three launches it replaces at 1, 3, 64 and 70 rows (and [B, S, K] inputs); each row alone gets its bits inside the
-    70-row call (the row invariance); its values are torch's SwiGLU within the products' rounding."""
+    three launches it replaces at 1, 3, 64 and 70 rows (and [B, S, K] inputs); on a GPU each row alone gets its bits
+    inside the 70-row call (the row invariance); its values are torch's SwiGLU within the products' rounding."""
     g = torch.Generator().manual_seed(3)
     w1, w3, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((n, k), (n, k), (70, k)))
     for m in (1, 3, 64, 70):
@@ -216,8 +216,9 @@ def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_ro
         assert got.shape == (m, n) and got.dtype == dtype
         assert torch.equal(got, three_launches(x[:m], w1, w3)), m
     assert torch.equal(cuda_ops.gate(x.view(2, 35, k), w1, w3), three_launches(x, w1, w3).view(2, 35, n))
-    alone = torch.cat([cuda_ops.gate(x[j: j + 1], w1, w3) for j in range(70)])
-    assert torch.equal(alone, got)
+    if device == "cuda":  # the interpreter sums a tile in numpy's order, whose blocking may follow the row count
+        alone = torch.cat([cuda_ops.gate(x[j: j + 1], w1, w3) for j in range(70)])
+        assert torch.equal(alone, got)
     want = F.silu(x.float() @ w1.float().T) * (x.float() @ w3.float().T)
     torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
 
