@@ -15,8 +15,8 @@
  * input only, so a token scored in a verify forward gets the numbers of its AR step, on AVX-512 VNNI, AVX2 or plain C.
  *
  * Why: torch's int4 CPU product converts every weight to float for every row, so a 5-row verify's products cost
- * ~2x an AR step's. Here the codes are unpacked once per 16 outputs x 32 inputs and multiplied as bytes for every
- * row: a decode step stays a pass over the weight bytes up to several rows.
+ * ~2x an AR step's. Here the codes are unpacked once per 16 outputs x 32 inputs and multiplied for every row (as bytes
+ * with AVX-512 VNNI, as int16 with AVX2): a decode step stays a pass over the weight bytes up to several rows.
  *
  * Layout (`pack_codes`): outputs in tiles of 16 (zero codes and scales past N), each tile's blocks in order.
  * bits 4: a block is 4 chunks of 64 bytes; byte 4j + i of chunk h holds, for output j of the tile, the code of input
@@ -43,6 +43,7 @@
 typedef struct {
     const int8_t *q;  /* [M, K] activation codes: the high byte q of Q */
     const int8_t *r;  /* [M, K] the low byte r of Q */
+    const int16_t *Q; /* [M, K] Q itself (the AVX2 products' operand: `WIDE_Q`) */
     const float *d;   /* [M, K / BK] block scales */
     const int32_t *sq; /* [M, K / BK] sums of the block's Q */
     const float *xs;  /* [M, groups] sums of x per group (bits 4) */
@@ -130,66 +131,91 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define MR 4
+#define WIDE_Q
 
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
 }
 
-/* as the AVX-512 loop, each 16-lane vector as two 8-lane halves (chunk bytes 0-31: outputs 0-7, 32-63: 8-15); the
- * byte products through maddubs (u8 x s8 pairs: 2 * 15 * 127 and, by the sign trick, 2 * 127 * 127 fit in int16) */
+/* 8 lanes of outputs o0..o7 to the order a block's pair sums leave them in, o0 o1 o4 o5 o2 o3 o6 o7, and back (it
+ * swaps the middle 64-bit pairs); the float steps are lane by lane, so the order changes no bits */
+static inline __m256 pair_order(__m256 v) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0xD8));
+}
+
+static inline int64_t qword(const int16_t *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* rows [0, R): the pair sums of operand p (w0: outputs 0-3, w1: outputs 4-7, each output's codes of inputs
+ * 4p .. 4p + 3 as int16) times each row's Q of those inputs (x: row 0's, rows `stride` apart) */
+static inline __attribute__((always_inline)) void madd_rows(const int16_t *x, int64_t stride, __m256i w0, __m256i w1,
+                                                            __m256i lo[MR], __m256i hi[MR], int R) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256i q = _mm256_set1_epi64x(qword(x + r * stride));
+        lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(w0, q));
+        hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(w1, q));
+    }
+}
+
+/* as the AVX-512 loop in 8-output halves (chunk bytes 0-31: outputs 0-7, 32-63: 8-15), the products as int16 pairs:
+ * the codes widened to 16 bits once per block for every row, times Q itself (vpmaddwd: two products summed in
+ * int32, exact). One integer multiply per 16 products: Zen 3 issues one a cycle, and the two bytes of Q through
+ * maddubs took four (a row's pass 1.9x longer: docs/results/text.md). Lanes: w0's int16 are o0's 4 codes, o1's,
+ * o2's, o3's; a madd leaves o0 (inputs 0-1), o0 (2-3), o1, o1 | o2, o2, o3, o3, and hadd of the two halves' sums
+ * o0 o1 o4 o5 | o2 o3 o6 o7 (`pair_order`). */
 static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m0, const uint8_t *codes,
                                                             const uint16_t *sz, int bits, int K, int group,
                                                             float out[MR][TN], int R) {
     int nb = K / BK, per_group = group / BK, ps = bits == 4 ? 2 : 1;
-    const __m256i nibble = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i nibble = _mm256_set1_epi16(0x0F);
     const int32_t off = bits == 4 ? 8 : 0;
     __m256 acc[MR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int g = 0, b0 = 0; g < K / group; g++, b0 += per_group) {
         for (int half = 0; half < 2; half++) {
-            __m256 s = bf16x8(sz + ((int64_t)g * ps) * TN + 8 * half);
+            __m256 s = pair_order(bf16x8(sz + ((int64_t)g * ps) * TN + 8 * half));
             for (int b = b0; b < b0 + per_group; b++) {
-                __m256i w[8];
+                const int16_t *x = a->Q + (int64_t)m0 * K + (int64_t)b * BK;
+                __m256i lo[MR], hi[MR];
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
                 if (bits == 4) {
                     const uint8_t *blk = codes + (int64_t)b * 256 + 32 * half;
-#pragma GCC unroll 4
-                    for (int h = 0; h < 4; h++) {
+#pragma GCC unroll 1  /* unrolled, the four chunks' operands spill: 4 rows 1.37x slower */
+                    for (int h = 0; h < 4; h++) {  /* chunk h: operands 2h (low nibbles) and 2h + 1 (high) */
                         _mm_prefetch((const char *)(blk + 64 * h + PREFETCH), _MM_HINT_T0);
-                        __m256i v = _mm256_loadu_si256((const void *)(blk + 64 * h));
-                        w[2 * h] = _mm256_and_si256(v, nibble);
-                        w[2 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                        __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(blk + 64 * h)));
+                        __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(blk + 64 * h + 16)));
+                        madd_rows(x + 8 * h, K, _mm256_and_si256(w0, nibble), _mm256_and_si256(w1, nibble), lo, hi,
+                                  R);
+                        madd_rows(x + 8 * h + 4, K, _mm256_srli_epi16(w0, 4), _mm256_srli_epi16(w1, 4), lo, hi, R);
                     }
                 } else {
                     const uint8_t *blk = codes + (int64_t)b * 512 + 32 * half;
 #pragma GCC unroll 8
                     for (int p = 0; p < 8; p++) {
                         _mm_prefetch((const char *)(blk + 64 * p + PREFETCH), _MM_HINT_T0);
-                        w[p] = _mm256_loadu_si256((const void *)(blk + 64 * p));
+                        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(blk + 64 * p)));
+                        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(blk + 64 * p + 16)));
+                        madd_rows(x + 4 * p, K, w0, w1, lo, hi, R);
                     }
                 }
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     int64_t row = (int64_t)(m0 + r);
-                    const int8_t *q = a->q + row * K + (int64_t)b * BK, *lo = a->r + row * K + (int64_t)b * BK;
-                    __m256i hi = _mm256_setzero_si256(), low = _mm256_set1_epi32(-off * a->sq[row * nb + b]);
-#pragma GCC unroll 8
-                    for (int p = 0; p < 8; p++) {
-                        __m256i xq = _mm256_set1_epi32(word(q + 4 * p)), xr = _mm256_set1_epi32(word(lo + 4 * p));
-                        /* bits 8: |c| times x with c's sign (the sign trick: every pair sum fits int16) */
-                        __m256i u = bits == 4 ? w[p] : _mm256_abs_epi8(w[p]);
-                        if (bits == 8) xq = _mm256_sign_epi8(xq, w[p]), xr = _mm256_sign_epi8(xr, w[p]);
-                        __m256i pq = _mm256_maddubs_epi16(u, xq), pr = _mm256_maddubs_epi16(u, xr);
-                        hi = _mm256_add_epi32(hi, _mm256_madd_epi16(pq, ones));
-                        low = _mm256_add_epi32(low, _mm256_madd_epi16(pr, ones));
-                    }
-                    __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(hi, 7), low);
+                    __m256i dot = _mm256_add_epi32(_mm256_hadd_epi32(lo[r], hi[r]),
+                                                   _mm256_set1_epi32(-off * a->sq[row * nb + b]));
                     __m256 u = _mm256_mul_ps(s, _mm256_set1_ps(a->d[row * nb + b]));
                     acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), u, acc[r][half]);
                 }
             }
             if (bits == 4) {
-                __m256 z = bf16x8(sz + ((int64_t)g * ps + 1) * TN + 8 * half);
+                __m256 z = pair_order(bf16x8(sz + ((int64_t)g * ps + 1) * TN + 8 * half));
                 int groups = K / group;
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++)
@@ -200,8 +226,8 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(out[r], acc[r][0]);
-        _mm256_storeu_ps(out[r] + 8, acc[r][1]);
+        _mm256_storeu_ps(out[r], pair_order(acc[r][0]));
+        _mm256_storeu_ps(out[r] + 8, pair_order(acc[r][1]));
     }
 }
 
@@ -311,13 +337,18 @@ static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d
 
 /* one row of x into its blocks' Q (as q, r), scales d and sums of Q, and per-group sums of x (the header's rules);
  * v: float scratch [K]. xs is summed in 16 independent lanes (its fixed order) so the compiler vectorizes it. */
-static void quantize_row(const void *x, int es, int K, int group, int8_t *q, int8_t *r, float *d, int32_t *sq,
-                         float *xs, float *v) {
+static void quantize_row(const void *x, int es, int K, int group, int8_t *q, int8_t *r, int16_t *Q, float *d,
+                         int32_t *sq, float *xs, float *v) {
     if (es == 4)
         memcpy(v, x, sizeof(float) * (size_t)K);
     else
         for (int k = 0; k < K; k++) v[k] = bf16_to_f32(((const uint16_t *)x)[k]);
     for (int b = 0; b < K / BK; b++) quantize_block(v + (int64_t)b * BK, q + b * BK, r + b * BK, d + b, sq + b);
+#ifdef WIDE_Q
+    for (int k = 0; k < K; k++) Q[k] = (int16_t)(128 * q[k] + r[k]);
+#else
+    (void)Q;
+#endif
     for (int g = 0; g < K / group; g++) {
         float acc[LANES] = {0};
         for (int i = 0; i < group; i += LANES)
@@ -346,16 +377,17 @@ int specgen_qmm(const void *x, int es, const uint8_t *codes, const uint16_t *sz,
                 int K, int N, int threads) {
     int nb = K / BK, groups = K / group, n_tiles = (N + TN - 1) / TN;
     int64_t tile_bytes = (int64_t)nb * (bits == 4 ? 256 : 512), tile_sz = (int64_t)groups * (bits == 4 ? 2 : 1) * TN;
-    char *scratch = malloc((size_t)K * 4 + (size_t)M * K * 2 + (size_t)M * nb * 8 + (size_t)M * groups * 4 + 64);
+    char *scratch = malloc((size_t)K * 4 + (size_t)M * K * 4 + (size_t)M * nb * 8 + (size_t)M * groups * 4 + 64);
     if (!scratch) return -1;
     acts a;
     float *v = (float *)scratch, *d = v + K, *xs = d + (size_t)M * nb;
     int32_t *sq = (int32_t *)(xs + (size_t)M * groups);
-    int8_t *q = (int8_t *)(sq + (size_t)M * nb), *r = q + (size_t)M * K;
+    int16_t *Q = (int16_t *)(sq + (size_t)M * nb);
+    int8_t *q = (int8_t *)(Q + (size_t)M * K), *r = q + (size_t)M * K;
     for (int m = 0; m < M; m++)
-        quantize_row(AT(x, (int64_t)m * K), es, K, group, q + (int64_t)m * K, r + (int64_t)m * K, d + (int64_t)m * nb,
-                     sq + (int64_t)m * nb, xs + (int64_t)m * groups, v);
-    a.q = q, a.r = r, a.d = d, a.sq = sq, a.xs = xs;
+        quantize_row(AT(x, (int64_t)m * K), es, K, group, q + (int64_t)m * K, r + (int64_t)m * K, Q + (int64_t)m * K,
+                     d + (int64_t)m * nb, sq + (int64_t)m * nb, xs + (int64_t)m * groups, v);
+    a.q = q, a.r = r, a.Q = Q, a.d = d, a.sq = sq, a.xs = xs;
 #pragma omp parallel for num_threads(threads) schedule(static) \
     if ((int64_t)M * K * N >= PARALLEL_MIN && n_tiles > 1 && threads > 1)
     for (int t = 0; t < n_tiles; t++) {
