@@ -58,6 +58,7 @@ class AutoBudget:
     _offers: list[bool] = field(default_factory=list)  # per row of a step capped above 0: whether it drafted
     _cap: int = 0  # the cap of the step being observed
     _step: tuple[int, int] | None = None  # (live rows, widest draft) so far of the step the cap sized
+    _probes: dict[int, list[int]] = field(default_factory=dict)  # row count -> the step clocks of its recent probes
 
     def rate(self) -> float:
         """The share of tried draft tokens accepted, from the rows that drafted (`weight` pseudo-tries at `prior`)."""
@@ -80,24 +81,41 @@ class AutoBudget:
         rows = 1 + (live_rows - 1) * self.drafting()
         return [live_rows + rows * g for g in gain]
 
-    def best(self, live_rows: int) -> int:
-        """The width with the most expected tokens per unit of estimated cost at `live_rows` rows."""
+    def best(self, live_rows: int, narrowest: int = 0) -> int:
+        """The width from `narrowest` up with the most expected tokens per unit of estimated cost at `live_rows` rows."""
         tokens = self.tokens(live_rows)
-        best, best_k = -1.0, 0
+        best, best_k = -1.0, narrowest
         costs = self.times.estimate(live_rows, self.model) if self.timed else self.model(live_rows)
-        for k, cost in enumerate(costs):
-            if tokens[k] / cost > best * 1.0001:  # ties go to the shorter draft
-                best, best_k = tokens[k] / cost, k
+        for k in range(narrowest, len(costs)):
+            if tokens[k] / costs[k] > best * 1.0001:  # ties go to the shorter draft
+                best, best_k = tokens[k] / costs[k], k
         return best_k
 
     def cap(self, live_rows: int) -> int:
         best_k = self.best(live_rows)
-        if best_k and self.timed and 0 not in self.times.measured(self.times.source(live_rows)):
-            best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
+        if self.timed:
+            source = self.times.source(live_rows)
+            measured = self.times.measured(source)
+            if best_k and 0 not in measured:
+                best_k = 0  # batched AR first: the reference the wider widths' measured costs are judged against
+            elif not best_k and set(measured) == {0} and self.limit and self.probe(source):
+                best_k = self.best(live_rows, narrowest=1)
         if best_k == 0 and self._history:
             self._history.pop(0)  # nothing will be learnt this step: forget, drifting back to the prior
         self._cap, self._step = best_k, (live_rows, 0)
         return best_k
+
+    def probe(self, source: int) -> bool:
+        """Whether to try a draft width the curve judges slower than AR: where no drafting width is measured and the
+        acceptance learnt is not below the prior, at most `min_steps` steps per `memory` steps at a row count. The
+        curve can misjudge a width, and only a measured step corrects it: one timed while a compile shared the cores
+        had c(2) = 2.06 (quiet: 1.08), and n-gram never drafted on it."""
+        clock = self.times.clock
+        recent = [t for t in self._probes.get(source, []) if clock - t < self.times.memory]
+        if len(recent) >= self.times.min_steps or self.rate() < self.prior - 1e-9:
+            return False
+        self._probes[source] = [*recent, clock]
+        return True
 
     def observe(self, draft_size: int, accepted: int) -> None:
         if self._step is not None:

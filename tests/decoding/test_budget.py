@@ -190,6 +190,22 @@ def test_auto_budget_follows_measured_step_times_where_the_curve_misjudges_them(
     assert curve_only.best(16) == 4  # what the curve alone would run
 
 
+def test_auto_budget_probes_a_width_a_busy_machines_curve_judges_slower_than_ar():
+    """The curve of the AVX2 EPYC's first start, timed while a compile shared its cores, says no draft pays (c(2)
+    2.06, c(4) 2.19); the steps' own times say a 4-row verify costs 1.2 AR steps. After AR's two steps the budget
+    probes the curve's best drafting width twice, then drafts on the measured times. Where each draft token truly
+    costs a forward it probes twice per `memory` steps and otherwise stays with AR; an untimed budget never probes."""
+    busy = CostCurve((1, 2, 4, 8), (1.0, 2.06, 2.19, 3.0))
+    quiet = CostCurve((1, 2, 4, 8), (1.0, 1.08, 1.2, 1.46))
+    seconds = lambda cap, b: 0.01 * quiet(cap + 1)  # noqa: E731
+    assert AutoBudget(4, busy).best(1) == 0  # the curve alone: AR
+    probed = AutoBudget(4, busy).best(1, narrowest=1)
+    assert run_steps(AutoBudget(4, busy), 1, 40, seconds, lambda cap: cap) == [0, 0, probed, probed] + [4] * 36
+    linear = run_steps(AutoBudget(4, busy, times=StepTimes(memory=20)), 1, 40, lambda cap, b: cap + 1.0, lambda c: c)
+    assert [step for step, cap in enumerate(linear) if cap] == [2, 3, 23, 24]
+    assert run_steps(AutoBudget(4, busy, timed=False), 1, 20, seconds, lambda cap: cap) == [0] * 20
+
+
 def test_an_untimed_auto_budget_plans_from_the_curve_alone_whatever_the_steps_take():
     """A sampled run's budget (`timed` False) caps every step from the curve and the acceptance it learns, never from
     step times: the same tokens give the same caps however long steps took (so `--seed` repeats a sampled run). The
