@@ -82,7 +82,7 @@ class AutoBudget:
         return [live_rows + rows * g for g in gain]
 
     def best(self, live_rows: int, narrowest: int = 0) -> int:
-        """The width from `narrowest` up with the most expected tokens per unit of estimated cost at `live_rows` rows."""
+        """The width from `narrowest` up with the most expected tokens per unit of estimated cost at `live_rows`."""
         tokens = self.tokens(live_rows)
         best, best_k = -1.0, narrowest
         costs = self.times.estimate(live_rows, self.model) if self.timed else self.model(live_rows)

@@ -43,8 +43,8 @@ PREFIX = 128
 
 @torch.inference_mode()
 def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 5, prefix: int = PREFIX) -> CostCurve:
-    """Best-of-`rounds` time (rounds interleaved over the row counts) of a forward of `module` (a `Transformer`) over m new tokens after `prefix` cached ones,
-    relative to m = 1."""
+    """Best-of-`rounds` time (rounds interleaved over the row counts) of a forward of `module` (a `Transformer`) over
+    m new tokens after `prefix` cached ones, relative to m = 1."""
     device, limit = module.device, module.cfg.max_seq_len
     rows = tuple(m for m in rows if 2 * m < limit) or rows[:1]  # a short model (an image grid) measures fewer
     prefix = max(1, min(prefix, limit - max(rows) - 1))
