@@ -64,7 +64,7 @@ def measure_cost(module: nn.Module, rows: tuple[int, ...] = ROWS, rounds: int = 
     for m in rows:  # warm-up: every kernel touched once
         one(m)
     # rounds over every row count in turn: a burst of other work slows one round of each count, not all of one count
-    # (timed count by count, a compile beside the first start gave c(2) = 2.06 here, and n-gram never drafted)
+    # (a curve that misjudges drafting is stored for every later start)
     times = [[one(m) for m in rows] for _ in range(rounds)]
     best = [min(t) for t in zip(*times)]
     best = list(accumulate(best[::-1], min))[::-1]  # fewer tokens never cost more (they could be padded): no spikes
