@@ -165,8 +165,8 @@ static inline __attribute__((always_inline)) void madd_rows(const int16_t *x, in
  * the codes widened to 16 bits once per block for every row, times Q itself (vpmaddwd: two products summed in
  * int32, exact). One integer multiply per 16 products: Zen 3 issues one a cycle, and the two bytes of Q through
  * maddubs took four (each row past the first 1.6x longer: docs/results/text.md). Lanes: w0's int16 are o0's 4
- * codes, o1's, o2's, o3's; a madd leaves o0 (inputs 0-1), o0 (2-3), o1, o1 | o2, o2, o3, o3, and hadd of the two halves' sums
- * o0 o1 o4 o5 | o2 o3 o6 o7 (`pair_order`). */
+ * codes, o1's, o2's, o3's; a madd leaves o0 (inputs 0-1), o0 (2-3), o1, o1 | o2, o2, o3, o3, and hadd of the two
+ * halves' sums o0 o1 o4 o5 | o2 o3 o6 o7 (`pair_order`). */
 static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m0, const uint8_t *codes,
                                                             const uint16_t *sz, int bits, int K, int group,
                                                             float out[MR][TN], int R) {
