@@ -336,7 +336,9 @@ static inline void quantize_block(const float *v, int8_t *q, int8_t *r, float *d
 #endif
 
 /* one row of x into its blocks' Q (as q, r), scales d and sums of Q, and per-group sums of x (the header's rules);
- * v: float scratch [K]. xs is summed in 16 independent lanes (its fixed order) so the compiler vectorizes it. */
+ * v: float scratch [K]. xs is summed in 16 independent lanes (its fixed order) so the compiler vectorizes it. Where
+ * the products read Q as int16 (`WIDE_Q`) it is made from q and r here, not in `quantize_block`: a build picks its
+ * quantizer and its products by different flags (AVX-512 without VNNI: the AVX-512 quantizer, the AVX2 products). */
 static void quantize_row(const void *x, int es, int K, int group, int8_t *q, int8_t *r, int16_t *Q, float *d,
                          int32_t *sq, float *xs, float *v) {
     if (es == 4)
