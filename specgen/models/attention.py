@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.models.kernel_choice import attention_path
-from specgen.native import ops  # noqa: F401  (registers torch.ops.specgen)
+from specgen.native import ops
 
 CHUNK = 128  # key slots per chunk
 MIN_ROWS = 4  # GEMM rows below which MKL's float32 products take another code path
@@ -83,7 +83,7 @@ def native_self_attention(
     """RoPE, the cache write and attention in one native call (bitwise what rotate, KVCache.write and
     invariant_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
-    torch.ops.specgen.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx,
+    ops.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx,
                                         p.count, p.shared, p.out)
     return p.out.view(b, s, h * d)
 

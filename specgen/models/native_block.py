@@ -1,65 +1,105 @@
-"""A float32 block's decode forward as a straight run of native calls: `Block.forward`'s kernels and order, bitwise."""
+"""A block's decode forward as a straight run of native calls: `Block.forward`'s kernels and order, bitwise."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from specgen import native
 from specgen.models.attention import NativePlan, native_self_attention
-from specgen.models.kernel_choice import native_norms
 from specgen.models.packed_linear import PackedLinear
 from specgen.native import ops
 
 
-def linears(blk) -> tuple:
-    """The block's products in call order: wqkv, wo, (cross wq, cross wo,) w1, w3, w2."""
-    att, ffn = blk.attention, blk.feed_forward
-    cross = (blk.cross_attention.wq, blk.cross_attention.wo) if hasattr(blk, "cross_attention") else ()
-    return att.wqkv, att.wo, *cross, ffn.w1, ffn.w3, ffn.w2
+@dataclass(frozen=True)
+class Products:
+    """How the products of one kind of layer run in the straight run (one kind per model: KINDS)."""
+
+    dtype: torch.dtype  # the activations this kind's blocks take
+    ready: Callable[[tuple, int], bool]  # (the block's products, the forward's rows) -> whether all are native here
+    product: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]  # (layer, x [..., in], threads) -> [..., out]
+    gate: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]  # (feed-forward, x, threads) -> silu(w1 x) * w3 x
 
 
-def usable(blk, x: torch.Tensor, mask, cross_kv) -> bool:
-    """Whether this forward may run here: float32, native norms, a block without q/k norms over a NativePlan that
-    places the new keys (with its condition's K/V if it cross-attends), all products on one plan naming tiled.c."""
-    cross = hasattr(blk, "cross_attention")
-    norms = (blk.attention_norm, *((blk.cross_norm,) if cross else ()), blk.ffn_norm)
-    if (not isinstance(mask, NativePlan) or mask.slots is None or x.dtype != torch.float32
-            or blk.attention.cfg.qk_norm or (cross_kv is not None) != cross
-            or not native_norms(x, *(n.weight for n in norms))):
-        return False
-    lins = linears(blk)  # not a PackedLinear: e.g. plain nn.Linear (unpacked) or a LoRA wrapper
-    if any(type(lin) is not PackedLinear or lin._choice is not lins[0]._choice or lin.weight.dtype != torch.float32
-           for lin in lins):
-        return False
-    return lins[0]._choice.plan().kernel(x.numel() // x.shape[-1]) == "native"
+def tiled_ready(lins: tuple, rows: int) -> bool:
+    """float32 PackedLinears on one plan that names tiled.c at this row count (MKL and oneDNN run through the
+    modules); one of another class (a plain nn.Linear, a LoRA wrapper) keeps the module path."""
+    first = lins[0]
+    return (all(type(lin) is PackedLinear and lin._choice is first._choice
+                and lin._parameters["weight"].dtype == torch.float32 for lin in lins)
+            and first._choice.plan().kernel(rows) == "native")
 
 
-def product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
+def tiled_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
     """lin(x) for x [..., in] on the tiled loop: [..., out]."""
     return ops.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
 
 
-def forward(blk, x: torch.Tensor, rot, layer: int, cache, p: NativePlan, cross_kv=None) -> torch.Tensor:
-    """Block.forward for `usable` inputs: x [B, S, dim] -> [B, S, dim]."""
+def tiled_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
+    """FeedForward's SwiGLU gate (its torch ops): [..., ffn]."""
+    w = ffn._modules  # past nn.Module.__getattr__, as `linears`
+    return F.silu(tiled_product(w["w1"], x, threads)) * tiled_product(w["w3"], x, threads)
+
+
+#: product kinds by layer class; quantize.py adds QuantizedLinear's (qmm.c) where it is defined
+KINDS: dict[type, Products] = {PackedLinear: Products(torch.float32, tiled_ready, tiled_product, tiled_gate)}
+
+
+def linears(blk) -> tuple:
+    """The block's products in call order: wqkv, wo, (cross wq, cross wo,) then its feed-forward's (w1, w3, w2, or
+    a quantized w13, w2). Read from `_modules`: nn.Module.__getattr__ costs ~1 us a name, and `usable` runs per block
+    of every decode step."""
+    mods = blk._modules
+    att = mods["attention"]._modules
+    cross = mods.get("cross_attention")
+    return (att["wqkv"], att["wo"], *(() if cross is None else (cross._modules["wq"], cross._modules["wo"])),
+            *mods["feed_forward"]._modules.values())
+
+
+def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
+    """The block's product kind where this forward may run here, else None: grad mode off, a NativePlan that places
+    the new keys (with its condition's K/V if the block cross-attends), no q/k norms, native norms in the kind's
+    dtype, and every product of that kind and native at this row count."""
+    if type(mask) is not NativePlan or mask.slots is None or torch.is_grad_enabled():
+        return None
+    mods = blk._modules  # past nn.Module.__getattr__, as `linears`
+    lins = linears(blk)
+    kind = KINDS.get(type(lins[0]))
+    if (kind is None or x.dtype != kind.dtype or x.device.type != "cpu" or mods["attention"].cfg.qk_norm
+            or (cross_kv is not None) != ("cross_attention" in mods) or native.library("glue") is None
+            or any(mods[n]._parameters["weight"].dtype != x.dtype for n in NORMS if n in mods)):
+        return None
+    return kind if kind.ready(lins, x.numel() // x.shape[-1]) else None
+
+
+NORMS = ("attention_norm", "cross_norm", "ffn_norm")  # a block's RMSNorms (cross_norm: with cross-attention)
+
+
+def forward(blk, kind: Products, x: torch.Tensor, rot, layer: int, cache, p: NativePlan,
+            cross_kv=None) -> torch.Tensor:
+    """Block.forward for `usable` inputs (its answer is `kind`): x [B, S, dim] -> [B, S, dim]."""
     b, s, dim = x.shape
     threads = torch.get_num_threads()
-    lins = linears(blk)
-    wqkv, wo, w1, w3, w2 = lins[0], lins[1], *lins[-3:]
+    mods, product = blk._modules, kind.product  # past nn.Module.__getattr__, as `linears`
+    lins = linears(blk)  # wqkv, wo, then cross wq and wo where the block cross-attends
+    att_norm, ffn_norm, ffn = mods["attention_norm"], mods["ffn_norm"], mods["feed_forward"]
     # 1. attention: pre-norm, fused QKV, RoPE + cache write + attention in one call, output projection
-    normed = torch.ops.specgen.rms_norm(x, blk.attention_norm.weight, blk.attention_norm.eps)  # [B, S, dim]
-    qkv = product(wqkv, normed, threads).view(b, s, -1)  # [B, S, (H + 2 Hkv) hd]
-    a = product(wo, native_self_attention(qkv, rot, *cache.layers[layer], p), threads)  # [B*S, dim]
+    normed = ops.rms_norm(x, att_norm._parameters["weight"], att_norm.eps)  # [B, S, dim]
+    qkv = product(lins[0], normed, threads).view(b, s, -1)  # [B, S, (H + 2 Hkv) hd]
+    a = product(lins[1], native_self_attention(qkv, rot, *cache.layers[layer], p), threads).view(b, s, dim)
     if cross_kv is None:  # 2. residual add and the FFN's pre-norm in one pass
-        total, normed = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.ffn_norm.weight, blk.ffn_norm.eps)
+        total, normed = ops.add_rms_norm(x, a, ffn_norm._parameters["weight"], ffn_norm.eps)
     else:  # 2'. residual add and pre-norm, cross-attention to the condition (SDPA, as CrossAttention.forward), add
         # and FFN pre-norm: each add in its norm's pass
-        total, c = torch.ops.specgen.add_rms_norm(x, a.view(b, s, dim), blk.cross_norm.weight, blk.cross_norm.eps)
-        wq, wo_cross = lins[2], lins[3]
-        heads, hd = blk.cross_attention.n_heads, blk.cross_attention.hd
-        q = product(wq, c, threads).view(b, s, heads, hd).transpose(1, 2)  # [B, H, S, hd]
+        cross_norm, ca = mods["cross_norm"], mods["cross_attention"]
+        total, c = ops.add_rms_norm(x, a, cross_norm._parameters["weight"], cross_norm.eps)
+        q = product(lins[2], c, threads).view(b, s, ca.n_heads, ca.hd).transpose(1, 2)  # [B, H, S, hd]
         y = F.scaled_dot_product_attention(q, cross_kv[0], cross_kv[1])  # [B, H, S, hd]
-        y = product(wo_cross, y.transpose(1, 2).reshape(b, s, -1), threads).view(b, s, dim)
-        total, normed = torch.ops.specgen.add_rms_norm(total, y, blk.ffn_norm.weight, blk.ffn_norm.eps)
+        y = product(lins[3], y.transpose(1, 2).reshape(b, s, -1), threads).view(b, s, dim)
+        total, normed = ops.add_rms_norm(total, y, ffn_norm._parameters["weight"], ffn_norm.eps)
     # 3. SwiGLU (the module's torch ops) and the second residual add
-    gate = F.silu(product(w1, normed, threads)) * product(w3, normed, threads)  # [B*S, ffn]
-    return total + product(w2, gate, threads).view(b, s, dim)
+    return total + product(ffn._modules["w2"], kind.gate(ffn, normed, threads), threads).view(b, s, dim)

@@ -13,7 +13,7 @@ from torch import nn
 
 from specgen import devices
 from specgen.errors import UsageError
-from specgen.models import prompt
+from specgen.models import native_block, prompt
 from specgen.models.kernel_choice import quantized_product
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.native import ops
@@ -278,6 +278,30 @@ class QuantizedFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
         return self.w2(F.silu(gate) * up)
+
+
+def qmm_ready(lins: tuple, rows: int) -> bool:
+    """QuantizedLinears whose products run qmm.c, outside a prompt prefill (whose wide products may take one bfloat16
+    GEMM: QuantizedLinear.forward); any other class (a LoRA wrapper) keeps the module path."""
+    return not prompt.active() and all(type(lin) is QuantizedLinear and "codes" in (lin._kernel or lin.kernel())[3]
+                                       for lin in lins)
+
+
+def qmm_product(lin: QuantizedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
+    """QuantizedLinear.forward of a bfloat16 x [..., in] on qmm.c (`qmm_ready`): [..., out]."""
+    _, operands, bias, _ = lin._kernel or lin.kernel()
+    y = ops.qmm(x, *operands, threads)
+    return y if bias is None else y + bias
+
+
+def qmm_gate(ffn: QuantizedFeedForward, x: torch.Tensor, threads: int) -> torch.Tensor:
+    """QuantizedFeedForward's SwiGLU gate (its torch ops): [..., hidden]."""
+    gate, up = qmm_product(ffn._modules["w13"], x, threads).split(ffn.hidden, -1)  # [..., hidden] each (`_modules`:
+    # past nn.Module.__getattr__, as native_block.linears)
+    return F.silu(gate) * up
+
+
+native_block.KINDS[QuantizedLinear] = native_block.Products(ACT_DTYPE, qmm_ready, qmm_product, qmm_gate)
 
 
 class QuantizedEmbedding(nn.Module):

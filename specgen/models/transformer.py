@@ -195,8 +195,8 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
-        if native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bit for bit
-            return native_block.forward(self, x, rot, layer, cache, mask, cross_kv)
+        if kind := native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bitwise
+            return native_block.forward(self, kind, x, rot, layer, cache, mask, cross_kv)
         if native_norms(x, self.ffn_norm.weight):  # each add and the next norm in one pass, bitwise
             x, f = self.deferred(x, None, rot, layer, cache, mask, causal, cross_kv)
             return x + f

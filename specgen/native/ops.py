@@ -64,9 +64,11 @@ def like(x: torch.Tensor, *_) -> torch.Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-@op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", like)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]."""
+    """weight * RMSNorm_float32(x) rounded to x's dtype, over the last dim, as transformer.RMSNorm: [..., dim]. CPU
+    tensors; called as a function (as the products: `traced`), through torch.ops where traced."""
+    if traced(x):
+        return torch.ops.specgen.rms_norm(x, weight, eps)
     x = x.contiguous()
     out = torch.empty_like(x)
     dim = x.shape[-1]
@@ -75,13 +77,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+op("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", like)(rms_norm)
 LIB.impl("rms_norm", cuda_ops.rms_norm, "CUDA")  # Triton, one program a row (cuda_ops.py)
 
 
-@op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)", lambda x, *_: (like(x), like(x)))
 def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each)."""
+    """(x + a, RMSNorm(x + a)): a residual add and the pre-norm after it, in one pass ([..., dim] each); CPU tensors,
+    called as `rms_norm`."""
+    if traced(x):
+        return torch.ops.specgen.add_rms_norm(x, a, weight, eps)
     x, a = x.contiguous(), a.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     dim = x.shape[-1]
@@ -90,6 +95,8 @@ def add_rms_norm(x: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, eps: fl
     return total, out
 
 
+op("add_rms_norm(Tensor x, Tensor a, Tensor weight, float eps) -> (Tensor, Tensor)",
+   lambda x, *_: (like(x), like(x)))(add_rms_norm)
 LIB.impl("add_rms_norm", cuda_ops.add_rms_norm, "CUDA")
 
 
@@ -238,15 +245,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
 LIB.impl("attend", cuda_ops.attend, "CUDA")  # Triton: each query over its list, in a fixed order (cuda_ops.py)
 
 
-@op("rope_write_attend(Tensor qkv, Tensor cos, Tensor sin, bool half, Tensor(a!) kc, Tensor(b!) vc, Tensor slots, "
-    "Tensor(c!) qbuf, Tensor idx, Tensor count, Tensor shared, Tensor(d!) out) -> ()",
-    lambda *args: None)  # writes its mutated arguments only
 def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: bool, kc: torch.Tensor,
                       vc: torch.Tensor, slots: torch.Tensor, qbuf: torch.Tensor, idx: torch.Tensor,
                       count: torch.Tensor, shared: torch.Tensor, out: torch.Tensor) -> None:
     """A self-attention layer between its products: qkv [B, S, (H + 2 Hkv) D] has q and k rotated (cos, sin [B, 1, S,
     D]; `half` layout or interleaved), k and v written to the cache layer kc, vc [B, Hkv, T_max, D] at `slots` [B, S],
-    and the queries (staged in qbuf [B, H, S, D]) attend as `attend` into out: bitwise rotate, KVCache.write, attend."""
+    and the queries (staged in qbuf [B, H, S, D]) attend as `attend` into out: bitwise rotate, KVCache.write, attend.
+    Called as `rms_norm`."""
+    if traced(qkv):
+        return torch.ops.specgen.rope_write_attend(qkv, cos, sin, half, kc, vc, slots, qbuf, idx, count, shared, out)
     one_dtype(qkv, cos, sin, kc, vc, qbuf, out)
     b, s, h, d = out.shape
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
@@ -255,6 +262,11 @@ def rope_write_attend(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h
         vc.data_ptr(), c_strides(vc.stride()), slots.data_ptr(), qbuf.data_ptr(), idx.data_ptr(), count.data_ptr(),
         shared.data_ptr(), out.data_ptr(), qkv.element_size(), b, h, kc.shape[1], s, d, idx.shape[-1], d**-0.5),
           "attention")
+
+
+op("rope_write_attend(Tensor qkv, Tensor cos, Tensor sin, bool half, Tensor(a!) kc, Tensor(b!) vc, Tensor slots, "
+   "Tensor(c!) qbuf, Tensor idx, Tensor count, Tensor shared, Tensor(d!) out) -> ()",
+   lambda *args: None)(rope_write_attend)  # writes its mutated arguments only
 
 
 def tile(weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -9,6 +9,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.models import kernel_choice, native_block
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import decode_layout
+from specgen.models.quantize import quantize_model
 from tests.conftest import needs_native, tiny_model
 
 pytestmark = needs_native
@@ -18,21 +19,30 @@ MKL_ONEDNN = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL for one row, oneDNN f
 REAL_USABLE = native_block.usable
 
 
-def decode(monkeypatch, timing, fast: bool, **over) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+def counted_usable(monkeypatch, fast: bool) -> list:
+    """A list that gets an entry per block forward taking the native path (`fast` False: none does)."""
+    taken: list = []
+
+    def spy(*args):
+        kind = REAL_USABLE(*args) if fast else None
+        taken.extend([1] if kind else [])
+        return kind
+
+    monkeypatch.setattr(native_block, "usable", spy)
+    return taken
+
+
+def decode(monkeypatch, timing, fast: bool, quantized: str = "", **over
+           ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(logits of a prefill, three AR steps and a 4-node tree verify; every layer's cache keys and values; how many
-    block forwards took the native path) on a tiny float32 model whose kernel plan comes from `timing`."""
+    block forwards took the native path) on a tiny float32 model whose kernel plan comes from `timing`, or on it
+    `quantized` ("int8", "int4": qmm.c's products, bfloat16 activations)."""
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
-    taken = []
-
-    def spy(*args) -> bool:  # counts the block forwards that take the native path; `fast` False: none does
-        ok = fast and REAL_USABLE(*args)
-        taken.extend([1] if ok else [])
-        return ok
-
-    monkeypatch.setattr(native_block, "usable", spy)
-    target = ModelTarget(decode_layout(tiny_model(1, **over), "packed"))
+    taken = counted_usable(monkeypatch, fast)
+    model = tiny_model(1, **over)
+    target = ModelTarget(quantize_model(model, quantized, 32) if quantized else decode_layout(model, "packed"))
     cache = target.model.new_cache(2, 32)
     logits = [target.prefill(torch.tensor([[3, 1, 4, 1], [2, 7, 1, 8]]), cache).logits]
     for i in range(3):
@@ -58,6 +68,19 @@ def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
     assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("over", [{}, {"qkv_bias": True}])
+def test_a_quantized_block_equals_its_modules_bit_for_bit(monkeypatch, mode, over):
+    """The same on a quantized model (qmm.c's products, bfloat16 activations, the fused w13 of its feed-forward); the
+    prefill keeps the module path (prompt mode may take one bfloat16 GEMM), every later forward takes the native run."""
+    fast_logits, fast_kv, taken = decode(monkeypatch, NATIVE, True, mode, **over)
+    slow_logits, slow_kv, none = decode(monkeypatch, NATIVE, False, mode, **over)
+    assert taken == 2 * 4 and none == 0  # 2 layers x (3 AR steps + the tree verify)
+    assert fast_logits[0].dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
+    assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
+
+
 def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
     """The mesh decoder's blocks (self-attention, cross-attention to a condition, SwiGLU): AR steps over two rows and
     a tree verify give the same logits and cache through the native run as through the modules."""
@@ -65,8 +88,7 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
         monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: NATIVE)
         monkeypatch.setattr(kernel_choice, "_MEASURED", {})
         monkeypatch.delenv(kernel_choice.ENV, raising=False)
-        taken = []
-        monkeypatch.setattr(native_block, "usable", lambda *a: fast and REAL_USABLE(*a) and not taken.append(1))
+        taken = counted_usable(monkeypatch, fast)
         model = decode_layout(tiny_model(3, cross_dim=24), "packed")
         cache = model.new_cache(2, 32)
         with torch.inference_mode():
