@@ -1,11 +1,11 @@
 """How much of an int4 SmolLM2-135M decode step is kernels and how much is everything else (`--threads N`, default 1)?
 
-One AR forward (1 new token over a 138-token cached prompt) is timed whole, then again with parts replaced by stubs
-that return a tensor of the right shape at once: first the quantized products (int4 layers and the int8 LM head),
-then also the attention core (`invariant_attention`; on the native path `native_self_attention`, which also does
-RoPE and the KV write), the whole attention block, and the feed-forward. The
-differences split the step; the profiler would inflate the many small ops it wraps. Also counts the aten ops of one
-forward. Run: `python scripts/int4_step_breakdown.py [--threads 2] > docs/logs/int4-step-breakdown.log`. Cited by
+One AR forward (1 new token over a 138-token cached prompt, its blocks on models/native_block.py's straight run) is
+timed whole, then again with parts replaced by stubs that return a tensor of the right shape at once: first the
+quantized products (int4 layers and the int8 LM head), then also the attention core (`native_self_attention`, which
+also does RoPE and the KV write), then SwiGLU's gate glue (split, silu, mul). The differences split the step; the
+profiler would inflate the many small ops it wraps. Also counts the aten ops of one forward. Run:
+`python scripts/int4_step_breakdown.py [--threads 2] > docs/logs/int4-step-breakdown.log`. Cited by
 docs/results/precision.md (the static n-gram cache section).
 """
 
@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import collections
 import time
+from dataclasses import replace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import specgen.models.transformer as T
 from specgen import native
+from specgen.models import native_block
 from specgen.models import quantize as Q
 from specgen.text.target import load_text_model
 
@@ -71,27 +72,30 @@ def main() -> None:
     print(f"whole forward                          {whole:6.2f}")
     zeros: dict = {}
 
-    def stub(self, x):  # the product's shape, no work
-        key = (x.shape[0], self.out_features)
-        return zeros.setdefault(key, torch.zeros(key, dtype=Q.ACT_DTYPE))
+    def stub(width):  # a product's shape (width(module) outputs), no work: one tensor per shape, made once
+        def run(module, x, threads):
+            key = (*x.shape[:-1], width(module))
+            if key not in zeros:
+                zeros[key] = torch.zeros(key, dtype=Q.ACT_DTYPE)
+            return zeros[key]
+        return run
 
-    Q.QuantizedLinear.forward = lambda self, x: stub(self, x.reshape(-1, self.in_features)).view(
-        *x.shape[:-1], self.out_features)
+    product = stub(lambda lin: lin.out_features)
+    kind = native_block.KINDS[Q.QuantizedLinear]  # the straight run's quantized products (models/native_block.py)
+    Q.QuantizedLinear.forward = lambda self, x: product(self, x, 1)  # the head
+    Q.qmm_product = product  # as the gate calls it
+    native_block.KINDS[Q.QuantizedLinear] = replace(kind, product=product)
     rest = forward_ms()
     print(f"  quantized products stubbed           {rest:6.2f}   (products {whole - rest:5.2f})")
-    T.invariant_attention = lambda q, k, v, p: q
-    T.native_self_attention = lambda qkv, rot, kc, vc, p: p.out.view(*qkv.shape[:2], -1)  # its result buffer
+    native_block.native_self_attention = lambda qkv, rot, kc, vc, p: p.out.view(*qkv.shape[:2], -1)  # its buffer
     no_core = forward_ms()
-    print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f}; native: "
-          "with RoPE and the KV write)")
-    T.Attention.forward = lambda self, x, rot, layer, cache, mask, causal: x
-    no_attn = forward_ms()
-    print(f"  + attention block stubbed            {no_attn:6.2f}   (qkv split, RoPE, KV write, wo glue "
-          f"{no_core - no_attn:5.2f})")
-    Q.QuantizedFeedForward.forward = lambda self, x: x
+    print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f}: with RoPE "
+          "and the KV write)")
+    native_block.KINDS[Q.QuantizedLinear] = replace(native_block.KINDS[Q.QuantizedLinear],
+                                                    gate=stub(lambda ffn: ffn.hidden))
     floor = forward_ms()
-    print(f"  + feed-forward stubbed               {floor:6.2f}   (feed-forward glue {no_attn - floor:5.2f}; what is "
-          "left: norms, residuals, embedding, RoPE table, plan)")
+    print(f"  + SwiGLU gate stubbed                {floor:6.2f}   (split, silu, mul {no_core - floor:5.2f}; what is "
+          "left: norms, residuals, embedding, RoPE table, plan, Python)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """What does running a block as a straight run of native calls (models/native_block.py) save, against its modules?
 
 Same process, the two paths interleaved (the native block switched off by replacing `native_block.usable`), best of
-three rounds, 1 thread: SmolLM2-135M AR decode forwards at batch 1 and 16 (HumanEval prompts from offset 100,
-32 steps; the target's forward calls timed, not the prefill), the tiny image GPT's AR and ADT-Tree over 4 images at
-batch 1, and the tiny mesh GPT's AR over 8 procedural clouds (sampled: T 0.5, top-k 50, top-p 0.95). Both
-paths compute the same bits (tests/models/test_native_block.py). Run:
+three rounds, 1 thread: SmolLM2-135M AR decode forwards at batch 1 and 16, float32 (tiled.c) and int4 (qmm.c)
+(HumanEval prompts from offset 100, 32 steps; the target's forward calls timed, not the prefill), the tiny image
+GPT's AR and ADT-Tree over 4 images at batch 1, and the tiny mesh GPT's AR over 8 procedural clouds (sampled: T 0.5,
+top-k 50, top-p 0.95). Both paths compute the same bits (tests/models/test_native_block.py). Run:
 `python scripts/native_block_ab.py > docs/logs/native-block-ab.log`
 """
 
@@ -44,13 +44,14 @@ def best_of(measure, keys) -> dict:
 
 def main() -> None:
     torch.set_num_threads(1)
-    tm = load_text_model("smollm2-135m", "cpu")
+    models = {q: load_text_model("smollm2-135m", "cpu", quantize=q or None) for q in ("", "int4")}
     problems = list(read_problems().values())[100:116]
-    prompts = [tm.tokenizer.encode(p["prompt"]) for p in problems]
+    prompts = [models[""].tokenizer.encode(p["prompt"]) for p in problems]
 
-    def text_step_ms(batch: int, fast: bool) -> float:
+    def text_step_ms(quantize: str, batch: int, fast: bool) -> float:
         """ms per decode forward (the target's `forward` calls only: no prefill, no loop bookkeeping)."""
         switched(fast)
+        tm = models[quantize]
         spent, forward = [0.0, 0], tm.target.forward
 
         def timed(*args, **kwargs):
@@ -68,8 +69,9 @@ def main() -> None:
             del tm.target.forward  # the class's method again
         return spent[0] / spent[1] * 1e3
 
-    text_step_ms(1, True), text_step_ms(1, False)  # warm-up: kernels measured, libraries built
-    text = best_of(text_step_ms, [(b, f) for b in (1, 16) for f in (True, False)])
+    for q in models:  # warm-up: kernels measured, libraries built
+        text_step_ms(q, 1, True), text_step_ms(q, 1, False)
+    text = best_of(text_step_ms, [(q, b, f) for q in models for b in (1, 16) for f in (True, False)])
     im = gen.load_image_model("tiny-image-gpt")
 
     def image_s(method: str, fast: bool) -> float:
@@ -97,9 +99,11 @@ def main() -> None:
     print("# same process, interleaved, best of 3, 1 thread; module path / native block = the saving")
     print("| case | module path | native block | module / native |")
     print("|---|---:|---:|---:|")
-    for b in (1, 16):
-        slow, fast = text[(b, False)], text[(b, True)]
-        print(f"| SmolLM2-135M AR forward, batch {b} (ms) | {slow:.2f} | {fast:.2f} | {slow / fast:.3f} |")
+    for q in models:
+        for b in (1, 16):
+            slow, fast = text[(q, b, False)], text[(q, b, True)]
+            print(f"| SmolLM2-135M {q or 'float32'} AR forward, batch {b} (ms) | {slow:.2f} | {fast:.2f} | "
+                  f"{slow / fast:.3f} |")
     for m in ("ar", "adt-tree"):
         slow, fast = image[(m, False)], image[(m, True)]
         print(f"| tiny image GPT {m}, 4 images (s) | {slow:.2f} | {fast:.2f} | {slow / fast:.3f} |")

@@ -19,12 +19,15 @@ not depend on the values). Kernels, interleaved per round, best of `--rounds`:
 
 Also checks, per kernel, that each row of an 8-row product is bitwise the row computed alone.
 Run: `python scripts/quantized_kernels.py > docs/logs/quantized-kernels-avx2.log` (the torch kernels), or
-`python scripts/quantized_kernels.py --kernels "int4 g32,qmm int4 g32,int8 x bf16,qmm int8" > docs/logs/qmm-kernels.log`
+`python scripts/quantized_kernels.py --kernels "int4 g32,qmm int4 g32,int8 x bf16,qmm int8" > docs/logs/qmm-kernels.log`.
+A change to qmm.c against the build before it, interleaved in one process: `--kernels "qmm int4 g32,qmm int8"
+--against ~/.cache/specgen/native/qmm-<hash>.so`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import platform
 import time
 import warnings
@@ -32,6 +35,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from specgen import native
 from specgen.native import ops
 
 DIM, FFN, QKV, VOCAB, LAYERS = 576, 1536, 960, 49152, 30
@@ -107,8 +111,9 @@ def f32_kernel(out: int, k: int, gen: torch.Generator):
     return (lambda x: F.linear(x.float(), w).to(BF16)), out * k * 4
 
 
-def qmm_kernel(out: int, k: int, group: int, gen: torch.Generator):
-    """qmm.c over random codes: int4 in groups of `group` (0: int8, one scale per output)."""
+def qmm_kernel(out: int, k: int, group: int, gen: torch.Generator, product=ops.qmm):
+    """qmm.c over random codes: int4 in groups of `group` (0: int8, one scale per output); `product` as ops.qmm (another
+    build's: `build_of`)."""
     if group:
         codes = torch.randint(0, 16, (out, k), dtype=torch.uint8, generator=gen)
         scales, zeros = (torch.rand(out, k // group, generator=gen) * 0.01 for _ in range(2))
@@ -117,7 +122,21 @@ def qmm_kernel(out: int, k: int, group: int, gen: torch.Generator):
         scales, zeros = torch.rand(out, generator=gen) * 0.01, None
     packed, sz = ops.pack_codes(codes, scales, zeros)
     bits, g = (4, group) if group else (8, k)
-    return (lambda x: ops.qmm(x, packed, sz, bits, g, out, 1)), packed.numel() + sz.numel() * 2
+    return (lambda x: product(x, packed, sz, bits, g, out, 1)), packed.numel() + sz.numel() * 2
+
+
+def build_of(path: str):
+    """ops.qmm over another build of qmm.c, e.g. the previous commit's (a worktree's run leaves it in the same cache
+    folder as this one's: ~/.cache/specgen/native/qmm-<hash>.so)."""
+    lib = ctypes.CDLL(path)
+    lib.specgen_qmm.argtypes, lib.specgen_qmm.restype = native.SIGNATURES["qmm"]["specgen_qmm"]
+
+    def product(x, packed, sz, bits, group, out, threads):
+        y = x.new_empty(x.shape[0], out)
+        lib.specgen_qmm(x.data_ptr(), x.element_size(), packed.data_ptr(), sz.data_ptr(), bits, group, y.data_ptr(),
+                        x.shape[0], x.shape[1], out, threads)
+        return y
+    return product
 
 
 KERNELS = {
@@ -169,7 +188,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated names")
+    ap.add_argument("--against", help="another build of qmm.c (.so): its int4 and int8 rows too, for a paired A/B")
     args = ap.parse_args()
+    if args.against:
+        other = build_of(args.against)
+        KERNELS["qmm int4 g32 (other)"] = lambda o, k, g: qmm_kernel(o, k, 32, g, other)
+        KERNELS["qmm int8 (other)"] = lambda o, k, g: qmm_kernel(o, k, 0, g, other)
+        args.kernels += ",qmm int4 g32 (other),qmm int8 (other)"
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     names = args.kernels.split(",")

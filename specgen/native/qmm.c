@@ -176,51 +176,73 @@ static inline __attribute__((always_inline)) void tile_rows(const acts *a, int m
     __m256 acc[MR][2];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    /* halves per pass: both for one or two rows, whose Q is then broadcast once for both (docs/results/text.md: the
+     * AVX2 kind), one at a time for more rows (four accumulators a row would spill). The lanes' steps are the same */
+    const int H = R <= 2 ? 2 : 1;
     for (int g = 0, b0 = 0; g < K / group; g++, b0 += per_group) {
-        for (int half = 0; half < 2; half++) {
-            __m256 s = pair_order(bf16x8(sz + ((int64_t)g * ps) * TN + 8 * half));
+        for (int h0 = 0; h0 < 2; h0 += H) {
+            __m256 s[2];
+#pragma GCC unroll 2
+            for (int j = 0; j < H; j++) s[j] = pair_order(bf16x8(sz + ((int64_t)g * ps) * TN + 8 * (h0 + j)));
             for (int b = b0; b < b0 + per_group; b++) {
                 const int16_t *x = a->Q + (int64_t)m0 * K + (int64_t)b * BK;
-                __m256i lo[MR], hi[MR];
+                __m256i lo[2][MR], hi[2][MR];
+#pragma GCC unroll 2
+                for (int j = 0; j < H; j++)
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+                    for (int r = 0; r < R; r++) lo[j][r] = hi[j][r] = _mm256_setzero_si256();
                 if (bits == 4) {
-                    const uint8_t *blk = codes + (int64_t)b * 256 + 32 * half;
+                    const uint8_t *blk = codes + (int64_t)b * 256 + 32 * h0;
 #pragma GCC unroll 1  /* unrolled, the four chunks' operands spill: 4 rows 1.37x slower */
                     for (int h = 0; h < 4; h++) {  /* chunk h: operands 2h (low nibbles) and 2h + 1 (high) */
                         _mm_prefetch((const char *)(blk + 64 * h + PREFETCH), _MM_HINT_T0);
-                        __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(blk + 64 * h)));
-                        __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(blk + 64 * h + 16)));
-                        madd_rows(x + 8 * h, K, _mm256_and_si256(w0, nibble), _mm256_and_si256(w1, nibble), lo, hi,
-                                  R);
-                        madd_rows(x + 8 * h + 4, K, _mm256_srli_epi16(w0, 4), _mm256_srli_epi16(w1, 4), lo, hi, R);
+#pragma GCC unroll 2
+                        for (int j = 0; j < H; j++) {
+                            const uint8_t *c = blk + 64 * h + 32 * j;
+                            __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)c));
+                            __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128((const void *)(c + 16)));
+                            madd_rows(x + 8 * h, K, _mm256_and_si256(w0, nibble), _mm256_and_si256(w1, nibble),
+                                      lo[j], hi[j], R);
+                            madd_rows(x + 8 * h + 4, K, _mm256_srli_epi16(w0, 4), _mm256_srli_epi16(w1, 4), lo[j],
+                                      hi[j], R);
+                        }
                     }
                 } else {
-                    const uint8_t *blk = codes + (int64_t)b * 512 + 32 * half;
+                    const uint8_t *blk = codes + (int64_t)b * 512 + 32 * h0;
 #pragma GCC unroll 8
                     for (int p = 0; p < 8; p++) {
                         _mm_prefetch((const char *)(blk + 64 * p + PREFETCH), _MM_HINT_T0);
-                        __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(blk + 64 * p)));
-                        __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(blk + 64 * p + 16)));
-                        madd_rows(x + 4 * p, K, w0, w1, lo, hi, R);
+#pragma GCC unroll 2
+                        for (int j = 0; j < H; j++) {
+                            const uint8_t *c = blk + 64 * p + 32 * j;
+                            madd_rows(x + 4 * p, K, _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)c)),
+                                      _mm256_cvtepi8_epi16(_mm_loadu_si128((const void *)(c + 16))), lo[j], hi[j], R);
+                        }
                     }
                 }
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
                     int64_t row = (int64_t)(m0 + r);
-                    __m256i dot = _mm256_add_epi32(_mm256_hadd_epi32(lo[r], hi[r]),
-                                                   _mm256_set1_epi32(-off * a->sq[row * nb + b]));
-                    __m256 u = _mm256_mul_ps(s, _mm256_set1_ps(a->d[row * nb + b]));
-                    acc[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), u, acc[r][half]);
+                    __m256i o = _mm256_set1_epi32(-off * a->sq[row * nb + b]);
+                    __m256 d = _mm256_set1_ps(a->d[row * nb + b]);
+#pragma GCC unroll 2
+                    for (int j = 0; j < H; j++) {
+                        __m256i dot = _mm256_add_epi32(_mm256_hadd_epi32(lo[j][r], hi[j][r]), o);
+                        acc[r][h0 + j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(s[j], d),
+                                                         acc[r][h0 + j]);
+                    }
                 }
             }
             if (bits == 4) {
-                __m256 z = pair_order(bf16x8(sz + ((int64_t)g * ps + 1) * TN + 8 * half));
                 int groups = K / group;
+#pragma GCC unroll 2
+                for (int j = 0; j < H; j++) {
+                    __m256 z = pair_order(bf16x8(sz + ((int64_t)g * ps + 1) * TN + 8 * (h0 + j)));
 #pragma GCC unroll 4
-                for (int r = 0; r < R; r++)
-                    acc[r][half] = _mm256_fmadd_ps(z, _mm256_set1_ps(a->xs[(int64_t)(m0 + r) * groups + g]),
-                                                   acc[r][half]);
+                    for (int r = 0; r < R; r++)
+                        acc[r][h0 + j] = _mm256_fmadd_ps(z, _mm256_set1_ps(a->xs[(int64_t)(m0 + r) * groups + g]),
+                                                         acc[r][h0 + j]);
+                }
             }
         }
     }
