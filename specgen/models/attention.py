@@ -83,8 +83,8 @@ def native_self_attention(
     """RoPE, the cache write and attention in one native call (bitwise what rotate, KVCache.write and
     invariant_attention compute); returns [B, S, H * D], a view of `p.out`."""
     b, s, h, d = p.out.shape
-    ops.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx,
-                                        p.count, p.shared, p.out)
+    ops.rope_write_attend(qkv, rot.cos, rot.sin, rot.layout == "half", kc, vc, p.slots, p.qbuf, p.idx, p.count,
+                          p.shared, p.out)
     return p.out.view(b, s, h * d)
 
 

@@ -60,6 +60,9 @@ def linears(blk) -> tuple:
             *mods["feed_forward"]._modules.values())
 
 
+NORMS = ("attention_norm", "cross_norm", "ffn_norm")  # a block's RMSNorms (cross_norm: with cross-attention)
+
+
 def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
     """The block's product kind where this forward may run here, else None: grad mode off, a NativePlan that places
     the new keys (with its condition's K/V if the block cross-attends), no q/k norms, native norms in the kind's
@@ -74,9 +77,6 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
             or any(mods[n]._parameters["weight"].dtype != x.dtype for n in NORMS if n in mods)):
         return None
     return kind if kind.ready(lins, x.numel() // x.shape[-1]) else None
-
-
-NORMS = ("attention_norm", "cross_norm", "ffn_norm")  # a block's RMSNorms (cross_norm: with cross-attention)
 
 
 def forward(blk, kind: Products, x: torch.Tensor, rot, layer: int, cache, p: NativePlan,
