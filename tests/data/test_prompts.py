@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from specgen.data.general_prompts import general_fingerprint, general_prompts
 from specgen.data.prompts import PromptSourceError, read_prompts
 from specgen.data.stdlib_prompts import (
     HumanEvalOverlapError,
@@ -95,6 +96,41 @@ def test_overlap_guard_catches_planted_humaneval_prompts():
 
 def test_overlap_guard_allows_shared_names_without_shared_text():
     assert find_humaneval_overlaps(["Write a Python function `median(data)` that returns the middle value."]) == []
+
+
+# --- general prompts (the n-gram cache's non-code half) ----------------------------------------------
+
+
+def spans(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def mixed_set_texts() -> list[str]:
+    rows = [json.loads(line) for line in (ROOT / "specgen/data/mixed_prompts.jsonl").read_text().splitlines() if line]
+    return [r.get("prompt") or " ".join(m["content"] for m in r["messages"]) for r in rows]
+
+
+def test_general_prompts_are_many_distinct_and_fixed():
+    prompts = general_prompts()
+    assert len(prompts) >= 800 and len(set(prompts)) == len(prompts)
+    assert general_prompts(5) == prompts[:5]
+    code = "from specgen.data.general_prompts import general_fingerprint; print(general_fingerprint())"
+    env = {**os.environ, "PYTHONHASHSEED": "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1",
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == general_fingerprint()
+
+
+def test_general_prompts_share_no_text_with_the_benchmarks():
+    """No 6-word span of the mixed set (the benchmark the cache serves) and no HumanEval overlap; the check itself
+    catches a planted mixed-set prompt."""
+    mixed = set().union(*map(spans, mixed_set_texts()))
+    prompts = general_prompts()
+    assert [p for p in prompts if spans(p) & mixed] == []
+    assert spans(f"Please answer: {mixed_set_texts()[14]}") & mixed  # the control: a benchmark prompt is caught
+    assert find_humaneval_overlaps(prompts) == []
 
 
 # --- reading prompt sources -----------------------------------------------------------------------
