@@ -73,7 +73,7 @@ def math_prompt(rng: random.Random) -> str:
 
 def passages() -> list[str]:
     """Prose paragraphs of 200-1500 characters from the stdlib's module docs and scikit-learn's dataset descriptions."""
-    from sklearn import datasets
+    from sklearn import datasets  # ~1 s of imports: only when the cache builder asks for the prompts
 
     texts = []
     for name in MODULES:
