@@ -1,7 +1,7 @@
 """General-purpose prompts (advice, explanations, summaries, translation, arithmetic, questions over a passage) made
 from templates, the stdlib's module docs and scikit-learn's dataset descriptions: the n-gram cache's non-code half.
 
-None of them is a benchmark's text (nor the shipped mixed set's: `tests/data/test_general_prompts.py` checks). The
+None of them is a benchmark's text (nor the shipped mixed set's: `tests/data/test_prompts.py` checks). The
 same list on every machine with the same Python: a fixed seed, the interpreter's own docs.
 """
 

@@ -32,17 +32,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = load_text_model(args.model, "cpu")
-    texts = stdlib_prompts()
-    random.Random(0).shuffle(texts)  # a fixed reshuffle of the set's own order: the shipped cache's prompts
-    texts = texts[: args.limit] + general_prompts(args.general)
-    prompts = [model.tokenizer.encode(p) for p in texts]
+    stdlib = stdlib_prompts()
+    random.Random(0).shuffle(stdlib)  # a fixed reshuffle of the set's own order: the shipped cache's prompts
+    stdlib, general = stdlib[: args.limit], general_prompts(args.general)
+    prompts = [model.tokenizer.encode(p) for p in stdlib + general]
     batch = run_batch(model.target, lambda i: EmptyDrafter(), prompts, args.max_new_tokens, SamplingParams(),
                       model.tokenizer.stop_ids, batch_size=args.batch_size)
     answers = [r.tokens for r in batch.results]
-    general = len(texts) - min(args.limit, len(stdlib_prompts()))
-    how = (f"greedy answers of {args.model} to {len(prompts) - general} stdlib prompts ({stdlib_fingerprint()}, "
-           f"reshuffled with seed 0) and {general} general prompts ({general_fingerprint()}), {args.max_new_tokens} "
-           f"new tokens, batch {args.batch_size}, {args.threads} thread(s)")
+    how = (f"greedy answers of {args.model} to {len(stdlib)} stdlib prompts ({stdlib_fingerprint()}, reshuffled "
+           f"with seed 0) and {len(general)} general prompts ({general_fingerprint()}), {args.max_new_tokens} new "
+           f"tokens, batch {args.batch_size}, {args.threads} thread(s)")
     save(args.out, answers, tokenizer_hash(model.tokenizer), how)
     print(f"wrote {args.out}: {sum(map(len, answers))} tokens ({how})")
 
