@@ -19,18 +19,18 @@ not depend on the values). Kernels, interleaved per round, best of `--rounds`:
 
 Also checks, per kernel, that each row of an 8-row product is bitwise the row computed alone.
 Run: `python scripts/quantized_kernels.py > docs/logs/quantized-kernels-avx2.log` (the torch kernels), or
-`python scripts/quantized_kernels.py --kernels "int4 g32,qmm int4 g32,int8 x bf16,qmm int8" > docs/logs/qmm-kernels.log`.
-A change to qmm.c against the build before it, interleaved in one process: `--kernels "qmm int4 g32,qmm int8"
+`python scripts/quantized_kernels.py --kernels "int4 g32,qmm int4 g32,int8 x bf16,qmm int8" > docs/logs/qmm-kernels.log`
+(the quantized ones). A change to qmm.c against the build before it, interleaved in one process: `--kernels "qmm int4 g32,qmm int8"
 --against ~/.cache/specgen/native/qmm-<hash>.so`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import platform
 import time
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -128,8 +128,7 @@ def qmm_kernel(out: int, k: int, group: int, gen: torch.Generator, product=ops.q
 def build_of(path: str):
     """ops.qmm over another build of qmm.c, e.g. the previous commit's (a worktree's run leaves it in the same cache
     folder as this one's: ~/.cache/specgen/native/qmm-<hash>.so)."""
-    lib = ctypes.CDLL(path)
-    lib.specgen_qmm.argtypes, lib.specgen_qmm.restype = native.SIGNATURES["qmm"]["specgen_qmm"]
+    lib = native.bind(Path(path), "qmm")
 
     def product(x, packed, sz, bits, group, out, threads):
         y = x.new_empty(x.shape[0], out)

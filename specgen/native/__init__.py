@@ -140,6 +140,16 @@ def compile_to(cc: str, name: str, flags: tuple[str, ...], out: Path) -> str:
     return ""
 
 
+def bind(path: Path, name: str) -> ctypes.CDLL:
+    """The library file `path` loaded with library `name`'s SIGNATURES set (OSError, AttributeError: it does not load
+    or lacks a function)."""
+    lib = ctypes.CDLL(str(path))
+    for fn_name, (args, result) in SIGNATURES[name].items():
+        fn = getattr(lib, fn_name)
+        fn.argtypes, fn.restype = args, result
+    return lib
+
+
 @functools.cache
 def library(name: str) -> ctypes.CDLL | None:
     """The compiled library `name` (a key of SIGNATURES), or None (no compiler, a failed build, `SPECGEN_NATIVE=0`, or
@@ -152,11 +162,7 @@ def library(name: str) -> ctypes.CDLL | None:
         if path is None:
             break
         try:
-            lib = ctypes.CDLL(str(path))
-            for fn_name, (args, result) in SIGNATURES[name].items():
-                fn = getattr(lib, fn_name)
-                fn.argtypes, fn.restype = args, result
-            return lib
+            return bind(path, name)
         except (OSError, AttributeError) as e:  # damaged, truncated or foreign: not ours to load
             why = f"{path.name} in {path.parent} does not load ({' '.join(str(e).split())[:120]})"
             with contextlib.suppress(OSError):  # an installed file may be read-only: the warning then names it

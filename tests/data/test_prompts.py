@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from specgen.data.general_prompts import general_fingerprint, general_prompts
-from specgen.data.prompts import PromptSourceError, read_prompts
+from specgen.data.prompts import PromptSourceError, read_prompt_records, read_prompts
 from specgen.data.stdlib_prompts import (
     HumanEvalOverlapError,
+    _ngrams,
+    _words,
     assert_no_humaneval_overlap,
     find_humaneval_overlaps,
     stdlib_fingerprint,
@@ -101,14 +103,13 @@ def test_overlap_guard_allows_shared_names_without_shared_text():
 # --- general prompts (the n-gram cache's non-code half) ----------------------------------------------
 
 
-def spans(text: str, n: int = 6) -> set[tuple[str, ...]]:
-    words = re.findall(r"\w+", text.lower())
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+def spans(text: str) -> set[tuple[str, ...]]:
+    return _ngrams(_words(text), 6)
 
 
 def mixed_set_texts() -> list[str]:
-    rows = [json.loads(line) for line in (ROOT / "specgen/data/mixed_prompts.jsonl").read_text().splitlines() if line]
-    return [r.get("prompt") or " ".join(m["content"] for m in r["messages"]) for r in rows]
+    return [p.content if isinstance(p.content, str) else " ".join(m["content"] for m in p.content)
+            for p in read_prompt_records(ROOT / "specgen/data/mixed_prompts.jsonl")]
 
 
 def test_general_prompts_are_many_distinct_and_fixed():
