@@ -14,12 +14,16 @@ the wall time), GPU ms a step (the kernels' summed time, prefills included), ker
 blocked on the device (its synchronising CUDA calls: the rest of the wall is host work, during which the device idles
 unless work is queued), replays a step and the host's ms launching them, the top kernels by their time (calls a
 step, µs a call), and the top Python functions by their own time a step in a third run under cProfile (the host's
-work, by function). What it answers: which kernels grow from batch 1 to 16 (issue 46's batch-16 goal), how a tree
-step's time splits between the drafter's growth and the verify, and whether a step is bound by its kernels or by its
-host work (and there, by launching its replays or by the loop's own work).
+work, by function), and the ms a step of the same replays launched back to back with no host work between them
+(`replays_alone`: each graph the run replayed, as often; the floor of a step whose host work left the device's
+critical path, kernels and their gaps inside a graph). What it answers: which kernels grow from batch 1 to 16
+(issue 46's batch-16 goal), how a tree step's time splits between the drafter's growth and the verify, whether a step
+is bound by its kernels or by its host work (and there, by launching its replays or by the loop's own work), and what
+a step would cost with its host work off the critical path (the case for device-side accept and commit).
 
 Run: `python scripts/gpu_profile.py` on a CUDA machine (~1 minute; `gpu_check.sh`'s `profile` step; `--only image,mesh`
-runs those suites); `--device cpu` checks the script (CPU op times, tiny shapes, measures nothing).
+runs those suites); `--device cpu` checks the script (CPU op times, tiny shapes, the captures through the tests'
+replay emulation; measures nothing).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import cProfile
 import dataclasses
 import functools
 import pstats
+import sys
 import time
+from collections import Counter
 from pathlib import Path
 from unittest import mock
 
@@ -50,10 +56,13 @@ from specgen.models.transformer import Transformer
 from specgen.native import cuda_ops
 
 
-def profiled(run, device: str) -> tuple[float, int, list, pstats.Stats]:
+def profiled(run, device: str, models) -> tuple[float, int, list, pstats.Stats, float | None]:
     """(wall seconds, decode steps, the profiler's per-kernel averages, a third run's Python functions under
-    cProfile) of `run()` (returns DecodeStats), after a first run that captures every shape it meets."""
+    cProfile, `replays_alone`'s ms a step) of `run()` (returns DecodeStats), after a first run that captures every
+    shape it meets; `models`: those whose captured steps the run replays."""
     run()
+    owners = [m.graphs for m in models if m.graphs is not None]
+    before = [Counter(g.uses) for g in owners]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
     with profile(activities=activities) as prof:
@@ -61,16 +70,37 @@ def profiled(run, device: str) -> tuple[float, int, list, pstats.Stats]:
         stats = run()
         synchronize(device)
         wall = time.perf_counter() - t0
+    replayed = [(g.graphs[key][1], n) for g, b in zip(owners, before) for key, n in (g.uses - b).items()
+                if g.graphs.get(key, (None, None))[1] is not None]  # a key's graph and its replays in the run
     python = cProfile.Profile()
     python.runcall(run)
-    return wall, max(stats.steps, 1), list(prof.key_averages()), pstats.Stats(python)
+    steps = max(stats.steps, 1)
+    return wall, steps, list(prof.key_averages()), pstats.Stats(python), replays_alone(replayed, steps, device)
+
+
+def replays_alone(replayed: list[tuple[object, int]], steps: int, device: str) -> float | None:
+    """ms a decode step of a run's replays (graph, times replayed in the run) launched back to back with no host work
+    between them, each graph its run's times in turn: a step's kernels and the gaps inside and between its graphs,
+    the floor of a step whose host work left the device's critical path. The inputs are the last ones staged (the
+    shapes, hence the kernels, are the bucket's). None where nothing was captured."""
+    if not replayed:
+        return None
+    synchronize(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():  # as the loop replays them (the CPU emulation's traced ops would track gradients)
+        for graph, times in replayed:
+            for _ in range(times):
+                graph.replay()
+    synchronize(device)
+    return 1e3 * (time.perf_counter() - t0) / steps
 
 
 #: the CUDA runtime calls in which the host waits for the device (a read of a result, an explicit synchronize)
 BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
-def report(name: str, wall: float, steps: int, events: list, python: pstats.Stats, device: str, top: int) -> None:
+def report(name: str, wall: float, steps: int, events: list, python: pstats.Stats, alone: float | None, device: str,
+           top: int) -> None:
     """One case's lines: the step's wall and kernel time, its `top` kernels, then its `top` Python functions by
     their own time (cProfile's, which its tracing inflates: their order says where a host-bound step goes)."""
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
@@ -83,7 +113,7 @@ def report(name: str, wall: float, steps: int, events: list, python: pstats.Stat
     replays, launching = (launch.count / steps, launch.self_cpu_time_total / 1e3 / steps) if launch else (0.0, 0.0)
     print(f"\n{name}: {steps} steps, wall {1e3 * wall / steps:.3f} ms a step, kernels {busy:.3f} ms a step "
           f"({calls:.0f} a step), host blocked {blocked:.3f} ms a step, {replays:.1f} replays a step "
-          f"(launching them {launching:.3f} ms)")
+          f"(launching them {launching:.3f} ms), replays alone {'-' if alone is None else f'{alone:.3f}'} ms a step")
     print(f"  {'kernel':<70} {'calls/step':>10} {'us/call':>8} {'share':>6}")
     for e in sorted(kernels, key=lambda e: -getattr(e, key))[:top]:
         t = getattr(e, key)
@@ -110,9 +140,10 @@ def text_cases(device: str, top: int, new: int) -> None:
         # one launch: SPECGEN_TRITON_PRODUCTS=1's products (a kernel a product instead of SlicedLinear's GEMM slices)
         run = lambda: run_batch(target, lambda i: make(), short[:b], new, SamplingParams(),  # noqa: E731
                                 batch_size=b).stats
-        graphs.attach(model, "on", capture=None if device == "cuda" else False)  # captures anew for each products
+        graphs.attach(model, "on", capture=captures(device))  # captures anew for each products
         with mock.patch.object(cuda_ops, "one_launch_products", lambda _on=one_launch: _on):
-            report(f"text {name}, batch {b}{', one-launch products' if one_launch else ''}", *profiled(run, device),
+            report(f"text {name}, batch {b}{', one-launch products' if one_launch else ''}",
+                   *profiled(run, device, [model]),
                    device, top)
 
 
@@ -124,7 +155,7 @@ def image_case(device: str, top: int) -> None:
 
     im = load_image_model("tiny-image-gpt", device=device)
     for model in (im.model, im.drafter_net):
-        graphs.attach(model, "on", capture=None if device == "cuda" else False)
+        graphs.attach(model, "on", capture=captures(device))
     for method, name in (("ar", "image AR, batch 1"), ("adt-tree", "image ADT-Tree, batch 1"),
                          ("eagle2", "image EAGLE-2, batch 1")):
         cfg = ImageGenConfig(method=method, num=2 if device == "cuda" else 1, temperature=0.0, device=device,
@@ -134,7 +165,7 @@ def image_case(device: str, top: int) -> None:
             samples, _ = generate_images(im, parse_request(cfg, "image"))
             return dataclasses.replace(samples[0].stats, steps=sum(s.stats.steps for s in samples))
 
-        report(name, *profiled(run, device), device, top)
+        report(name, *profiled(run, device, [im.model, im.drafter_net]), device, top)
 
 
 def mesh_case(device: str, top: int) -> None:
@@ -147,7 +178,7 @@ def mesh_case(device: str, top: int) -> None:
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=device)
     dec = loaded.decoder
     for model in (dec.model.decoder, dec.heads):
-        graphs.attach(model, "on", capture=None if device == "cuda" else False)
+        graphs.attach(model, "on", capture=captures(device))
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 2, 0, device)]
     lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)
     for decoder, name in ((MeshDecoder(dec.model, None, dec.eos_id), "mesh AR, batch 1"),
@@ -156,7 +187,13 @@ def mesh_case(device: str, top: int) -> None:
             results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, lossless)
             return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))
 
-        report(name, *profiled(run, device), device, top)
+        report(name, *profiled(run, device, [dec.model.decoder, dec.heads]), device, top)
+
+
+def captures(device: str) -> bool | None:
+    """`graphs.attach`'s capture: CUDA graphs on CUDA (None: the device's default); elsewhere True, which `main`
+    makes the tests' replay emulation (tests/models/test_graphs.py)."""
+    return None if device == "cuda" else True
 
 
 CASES = {"text": text_cases, "image": image_case, "mesh": mesh_case}
@@ -175,6 +212,11 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else args.device
     print(f"device {gpu}, torch {torch.__version__}")
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 stays float32, as in gpu_graphs.py
+    if args.device != "cuda":  # the captures through the tests' replay emulation (the checkout's tests/)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.models.test_graphs import traced
+
+        graphs.StepGraphs.captured = traced
     cases = CASES | {"text": functools.partial(text_cases, new=args.new if args.device == "cuda" else 4)}
     for suite, case in cases.items():
         if suite in only:

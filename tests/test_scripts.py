@@ -71,6 +71,28 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
             rows[part].append(float(line.split()[-1]))  # a kernel's share of the step; a function's ms a step
     assert len(rows["kernel"]) == 27 and all(0 < s <= 1 for s in rows["kernel"])
     assert len(rows["python"]) == 27 and all(ms >= 0 for ms in rows["python"])
+    # the captures run through the replay emulation on the CPU, so every case has replays to launch alone
+    alone = [float(re.search(r"replays alone ([\d.]+) ms a step", c).group(1)) for c in cases]
+    assert all(ms > 0 for ms in alone)
+
+
+def test_the_profiles_replays_alone_launch_each_graph_as_often_as_its_run(monkeypatch):
+    """`gpu_profile.replays_alone`: every (graph, times) pair replayed that many times, the time per decode step; None
+    where the run replayed nothing (no captures)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_profile
+
+    class Graph:
+        def __init__(self) -> None:
+            self.replays = 0
+
+        def replay(self) -> None:
+            self.replays += 1
+
+    a, b = Graph(), Graph()
+    ms = gpu_profile.replays_alone([(a, 3), (b, 5)], steps=4, device="cpu")
+    assert (a.replays, b.replays) == (3, 5) and ms >= 0
+    assert gpu_profile.replays_alone([], steps=4, device="cpu") is None
 
 
 def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(monkeypatch):
