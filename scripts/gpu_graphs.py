@@ -5,8 +5,8 @@ Rows (all greedy, batch 1 unless named):
   with `--graphs off` and `on`, n-gram with graphs, transformers eager `generate` and `generate` with its static cache
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
 - image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off; AR, EAGLE-2, ADT-Tree with graphs on
-  (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py), the trees at a GPU's defaults (60
-  nodes) and ADT-Tree's also at the CPU's (16).
+  (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py), the trees at a GPU's defaults (31
+  nodes: CFG's verify one product slice) and at the earlier 60 (two slices).
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too).
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
@@ -305,8 +305,8 @@ def image_rows(num: int) -> None:
         attach(im.model, mode)
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
-                ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (60 nodes), ADT-Tree's at the CPU's too
-                ("adt-tree 16 nodes", "adt-tree", {"total_tokens": 16}),
+                ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (31 nodes), and at 60 (two slices)
+                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}), ("eagle2 60 nodes", "eagle2", {"total_tokens": 60}),
                 # two levels more inside the one growth replay: more TPF (image.md), free while the step is
                 # host-bound (gpu.md); this row picks EAGLE-2's GPU default
                 ("eagle2 depth 8", "eagle2", {"depth": 8}))

@@ -22,7 +22,7 @@ replay emulation of tests/models/test_graphs.py (each step traced once, replays 
 GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
 replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
 SmolLM2-shape bf16 AR step, with the default products and with one-launch products (`SPECGEN_TRITON_PRODUCTS=1`).
-The image trees grow at a GPU's option defaults on any device (60 nodes: `options.gpu_defaults`). With `--device cpu`
+The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`). With `--device cpu`
 the `host ms/step` column is a step's host work: the time between the loop's refills less the emulated replays'
 (`ms_per_step`), what a GPU's host runs while its device idles.
 """

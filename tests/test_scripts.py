@@ -422,8 +422,9 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
     the steps) with the commit as on CUDA: one op (`commit_slots`, registered for CPU tensors as torch's moves: the
     counter sees the op, not its inside; its Triton kernel's bits are test_cuda_ops.py's) where torch's commit
     gathers and scatters k and v (index and index_put_, twice each). Its real eager launches a step besides the image's VQ
-    decode (once an image): 18.7 with torch's commit, 15.7 with the one op (a GPU's 60-node trees, 43 steps an image;
-    15.0 at 16 nodes and 55 steps, where an image's prefill weighs less a step)."""
+    decode (once an image): 18.7 with torch's commit, 15.7 with the one op (a GPU's 60-node trees then, 43 steps an
+    image; 15.0 at 16 nodes and 55 steps, where an image's prefill weighs less a step; a GPU's default is 31 nodes
+    since session 60)."""
     from specgen.models import kernel_choice
 
     def moves(k, v, moved):

@@ -168,9 +168,13 @@ class MultiBlockOptions(Options):
 
 # --- image: EAGLE-2 trees, ADT-Tree, LANTERN, VVS, MuLo-SD ---------------------------------------------------------
 # Tree shapes are the ones measured best on the shipped tiny models: narrow, at most 16 nodes on a CPU, where a verify
-# of n nodes costs ~n/2 one-node steps; GPU_TREE_NODES on a GPU, where it costs about one (docs/results/image.md).
-# The papers' own settings are passed explicitly (docs/methods/eagle2.md, adt-tree.md, recipes/full).
-GPU_TREE_NODES = 60  # EAGLE-2's budget: 1.23-1.40x the tokens a step of 16 (EAGLE-2 TPF 4.39 -> 5.39, ADT 4.29 -> 5.99)
+# of n nodes costs ~n/2 one-node steps; GPU_TREE_NODES on a GPU, where a verify costs about one step while its rows
+# fit one product slice (docs/results/image.md, gpu.md). The papers' own settings are passed explicitly
+# (docs/methods/eagle2.md, adt-tree.md, recipes/full).
+# The most nodes whose CFG verify is one SlicedLinear slice (models/sliced_linear.SLICE_ROWS = 64 rows: the root and 31
+# nodes a branch; tested): measured c(32) 1.00 against c(64) 1.87-1.90 at every LlamaGen size with CFG, while 31 nodes
+# keep 0.83-0.93 of 60's tokens a step on the tiny c2i GPT (docs/results/image.md).
+GPU_TREE_NODES = 31
 
 
 @dataclass(frozen=True)

@@ -424,11 +424,11 @@ def test_a_growth_that_reads_the_host_fails_the_check():
 
 @BOTH_SLOW
 @pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "vvs"])
-@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-defaults", "gpu-defaults"])
+@pytest.mark.parametrize("gpu", [False, True, 60], ids=["cpu-defaults", "gpu-defaults", "60-nodes"])
 def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method, gpu, capture):
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
-    through static steps, batch 1 and 2, at the CPU's and a GPU's option defaults (16 and 60 nodes): the same tokens
-    as the eager method (lossless ones: as AR)."""
+    through static steps, batch 1 and 2, at the CPU's and a GPU's option defaults (16 and 31 nodes) and at 60 (a CFG
+    verify of two product slices on a GPU): the same tokens as the eager method (lossless ones: as AR)."""
     from specgen.image.methods import ImageParts, build_image_method
     from specgen.models.eagle import EagleNet
 
@@ -441,7 +441,7 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
             graphs.attach(net, "on", capture=capture)
         codebook = torch.randn(model.cfg.vocab_size, 8, generator=torch.Generator().manual_seed(0))  # LANTERN's
         parts = ImageParts(model, CFGTarget(model, 3.0), net, codebook, 4)
-        options = gpu_defaults(get_method(method).options_type) if gpu else {}
+        options = {"total_tokens": gpu} if gpu > 1 else gpu_defaults(get_method(method).options_type) if gpu else {}
         decode = lambda: run_batch(parts.target, lambda i: build_image_method(method, parts, options)[0],  # noqa: E731
                                    [[0], [1], [2]], 16, SamplingParams(), batch_size=batch,
                                    rule=build_image_method(method, parts, options)[1])
