@@ -306,7 +306,8 @@ def image_rows(num: int) -> None:
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
                 ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (31 nodes), and at 60 (two slices)
-                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}), ("eagle2 60 nodes", "eagle2", {"total_tokens": 60}),
+                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}),
+                ("eagle2 60 nodes", "eagle2", {"total_tokens": 60}),
                 # two levels more inside the one growth replay: more TPF (image.md), free while the step is
                 # host-bound (gpu.md); this row picks EAGLE-2's GPU default
                 ("eagle2 depth 8", "eagle2", {"depth": 8}))
