@@ -6,7 +6,7 @@ Rows (all greedy, batch 1 unless named):
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
 - image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off; AR, EAGLE-2, ADT-Tree with graphs on
   (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py), the trees at a GPU's defaults (31
-  nodes: CFG's verify one product slice) and at the earlier 60 (two slices).
+  nodes: CFG's verify one product slice; EAGLE-2's top-k 3) and at the earlier ones (60 nodes, two slices; top-k 4).
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too).
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
@@ -305,11 +305,11 @@ def image_rows(num: int) -> None:
         attach(im.model, mode)
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
-                ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (31 nodes), and at 60 (two slices)
-                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}),
-                ("eagle2 60 nodes", "eagle2", {"total_tokens": 60}),
-                # two levels more inside the one growth replay: more TPF (image.md), free while the step is
-                # host-bound (gpu.md); this row picks EAGLE-2's GPU default
+                ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (31 nodes), and at the earlier ones
+                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}),  # (60 nodes: CFG's verify two slices)
+                ("eagle2 60 nodes top-k 4", "eagle2", {"total_tokens": 60, "top_k": 4}),
+                # two levels more inside the one growth replay (TPF 5.16 -> 5.55 at 31 nodes, image.md): against the
+                # default row it times a drafter level, the step model's 0.066 ms (gpu.md)
                 ("eagle2 depth 8", "eagle2", {"depth": 8}))
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
