@@ -105,6 +105,8 @@ def test_drafts_are_longer_on_a_gpu():
     for name in ("eagle2", "adt-tree", "lantern", "adt-tree+lantern", "vvs"):
         assert get_method(name).parse_options({}, gpu=True).total_tokens == O.GPU_TREE_NODES == 31
         assert get_method(name).parse_options({}).total_tokens == 16
+    for name in ("eagle2", "lantern", "vvs"):  # the fixed shapes' beam: 3 on a GPU (the same width bucket as 4)
+        assert (get_method(name).parse_options({}, gpu=True).top_k, get_method(name).parse_options({}).top_k) == (3, 4)
     assert get_method("ngram").parse_options({}, gpu=True).num_draft == O.GPU_DRAFT == 16
     assert get_method("ngram").parse_options({}).num_draft == 4
 
