@@ -276,6 +276,11 @@ class MuloOptions(LanternOptions):
 
 # --- mesh: XSpecMesh --------------------------------------------------------------------------------------------
 
+def tree_widths_ok(v: Any) -> bool:
+    """`candidate_tree`: "" or comma-separated positive integers (YAML may give one width as an int)."""
+    return str(v) == "" or all(w.strip().isdigit() and int(w) > 0 for w in str(v).split(","))
+
+
 @dataclass(frozen=True)
 class XSpecMeshOptions(Options):
     """XSpecMesh (`xspecmesh`, `methods/xspecmesh.py`): D, the acceptance rule and the candidate sampler; checked when
@@ -292,18 +297,31 @@ class XSpecMeshOptions(Options):
     lookup: int = opt(0, int_at_least(0))  # > 0: candidates first from n-gram lookup (n = lookup .. 1) (beyond)
     vertex_lookup: bool = opt(False, FLAG)  # offsets after known blocks, heads elsewhere (beyond)
     min_path_prob: float = opt(0.0, number_in(0, 1, hi_open=True))  # > 0: cut the chain below this path probability
+    # widths of a candidate tree, one a head ("4,2,2,1": head j's top w_j tokens under every depth-(j-1) node; the
+    # vertex memory's known offset alone where it has one): lossless only, verified as one tree (beyond the paper,
+    # Medusa's tree over the heads); "" = the chain of each head's argmax
+    candidate_tree: str = opt("", (tree_widths_ok, "comma-separated widths, one a head, each >= 1 (e.g. 4,2,2,1)"))
     budget: str = budget_opt()  # auto: per batch size, the faster of batched AR and the heads
 
     def __post_init__(self) -> None:
         self.validate("xspecmesh")
 
     def check(self) -> None:
-        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q)."""
+        """One candidate source besides the heads; the lossless rule needs deterministic candidates (no head q); a
+        candidate tree is lossless, without a chain's path cut or n-gram lookup."""
         if self.lookup and self.vertex_lookup:
             raise UsageError("lookup and vertex_lookup are exclusive; choose one candidate source besides the heads")
         if self.lossless and not (self.sampling == "tree" and self.top_k_tree == 1):
             raise UsageError("criterion rejection (lossless) needs deterministic candidates: "
                              "sampling=tree top_k_tree=1 (the heads' argmaxes)")
+        if self.candidate_tree and (not self.lossless or self.min_path_prob or self.lookup):
+            raise UsageError("candidate_tree needs criterion=rejection (the paper's rules judge one chain), without "
+                             "min_path_prob or lookup (a chain's)")
+
+    @property
+    def tree_widths(self) -> tuple[int, ...]:
+        """`candidate_tree` as widths, one a head; () for the chain."""
+        return tuple(int(w) for w in str(self.candidate_tree).split(",")) if self.candidate_tree else ()
 
     @property
     def lossless(self) -> bool:
@@ -314,7 +332,8 @@ class XSpecMeshOptions(Options):
         s = "IS" if self.sampling == "independent" else f"PTS(K_s={self.top_k_tree})"
         bf = ", bf16 head logits" if self.draft_dtype == "bfloat16" else ""
         lk = f", lookup {self.lookup}-gram" if self.lookup else ", vertex lookup" if self.vertex_lookup else ""
-        cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else ""
+        cut = f", path cut {self.min_path_prob:g}" if self.min_path_prob else \
+            f", candidate tree {self.candidate_tree}" if self.candidate_tree else ""
         auto = ", budget auto" if self.budget == "auto" else ""
         rule = "rejection sampling" if self.lossless else \
             f"p>{self.delta:g}" if self.criterion == "threshold" else f"top-{self.top_k_accept}"

@@ -10,10 +10,12 @@ import torch
 
 from specgen import checkpoints, registry
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
+from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.loop import DecodeResult, decode_batch
 from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.tree import DraftTree
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -52,8 +54,8 @@ class MeshDecoder:
             if opts.budget == "auto" and d_max else FixedBudget(d_max)
         along = pool if d_max and pool.ahead else None  # the heads' candidates read with the accept's picks
         step = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along)
-        batch = decode_batch(target, step, [[i] for i in range(len(pcs))],
-                             max_tokens, params, (self.eos_id,), generators, batch_size=batch_size, max_draft=d_max,
+        batch = decode_batch(target, step, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
+                             generators, batch_size=batch_size, max_draft=pool.nodes if d_max else 0,
                              on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)
 
@@ -72,6 +74,29 @@ class MeshDecoder:
         if len(found) == d:
             return Proposal(found, [1.0] * d)
         return Proposal(found + heads().tokens[len(found):], [1.0] * len(found) + heads().probs[len(found):])
+
+    def _tree(self, out: list[int], x: int, heads: Callable[[], Proposal], widths: tuple[int, ...],
+              memory: VertexMemory | None = None) -> Draft:
+        """A candidate tree after the committed tokens `out` + x = x_{s*} (lossless: deterministic candidates): under
+        every node of depth j - 1 the remembered offset after a known block (a vertex `memory`), else head j's best
+        widths[j - 1] tokens (`heads()`: each head's best max(widths), head-major, computed once); nothing after an
+        EOS candidate. Medusa's tree over XSpecMesh's heads: every head predicts its offset from x_{s*}'s state, so
+        siblings' subtrees hold the same head candidates."""
+        if memory is not None:
+            memory.read(out + [x])
+        w, tokens, parents, frontier = max(widths, default=1), [], [], [(-1, x)]
+        for j, width in enumerate(widths):
+            level = []
+            for parent, prev in frontier:
+                if prev == self.eos_id:
+                    continue
+                known = memory is not None and memory.knows(prev)
+                for t in [memory.offsets[memory.block_id(prev)]] if known else heads().tokens[j * w : j * w + width]:
+                    tokens.append(t)
+                    parents.append(parent)
+                    level.append((len(tokens) - 1, t))
+            frontier = level
+        return Draft(tuple(tokens), DraftTree(tuple(parents)))
 
     def _lm_head(self, dtype: torch.dtype):
         """The backbone's LM head for the heads' features, cached in `dtype` (candidates; rules read float32)."""

@@ -53,9 +53,11 @@ class Proposal:
     probs: list[float]
 
     @classmethod
-    def of_columns(cls, col: list[float], d: int) -> "Proposal":
-        """From a host row of `greedy_columns` [d or 2 d]: the token ids, then their probabilities (else all 1)."""
-        return cls([int(t) for t in col[:d]], col[d:] or [1.0] * d)
+    def of_columns(cls, col: list[float], d: int, width: int = 1) -> "Proposal":
+        """From a host row of `greedy_columns` [d w or 2 d]: the token ids (each head's best `width`, head-major),
+        then their probabilities (else all 1)."""
+        n = d * width
+        return cls([int(t) for t in col[:n]], col[n:] or [1.0] * n)
 
     def cut(self, min_path_prob: float) -> list[int]:
         """The candidates before the first one at which the running product of probs is below min_path_prob."""
@@ -76,9 +78,12 @@ def tree_sample(probs: torch.Tensor, k: int, generator: torch.Generator | None) 
     return [int(top.indices[d, flat // kk ** (D - 1 - d) % kk]) for d in range(D)]
 
 
-def greedy_columns(head_logits: torch.Tensor, temperature: float, path_probs: bool) -> torch.Tensor:
+def greedy_columns(head_logits: torch.Tensor, temperature: float, path_probs: bool, width: int = 1) -> torch.Tensor:
     """Each head's most probable token of logits [..., D, V] and (path_probs) its tempered probability, as one float32
-    tensor [..., D] or [..., 2 D] (ids are exact in float32): one host read carries both, on the device alone."""
+    tensor [..., D] or [..., 2 D] (ids are exact in float32): one host read carries both, on the device alone. A
+    candidate tree's `width` > 1: each head's best `width` tokens, [..., D * width] (head-major; no probabilities)."""
+    if width > 1:
+        return head_logits.topk(width, dim=-1).indices.flatten(-2).float()  # [..., D * width]
     tokens = head_logits.argmax(-1)  # [..., D]
     if not path_probs:
         return tokens.float()
@@ -188,6 +193,12 @@ class XSpecMeshPool(PoolBase):
         self.draft_generators = draft_generators
         self.held = held_statics(decoder, opts, params)
         self.stacked = self.held["stacked"] = self.held.get("stacked") or decoder.heads.stacked()  # D heads, one op
+        self.widths = opts.tree_widths  # a candidate tree's widths, one a head; () for the chain
+        if len(self.widths) > d_max or (self.widths and self.stacked.history):
+            raise UsageError(f"candidate_tree {opts.candidate_tree}: one width a head, at most the {d_max} heads run, "
+                             "and heads without a history window")
+        self.width = max(self.widths, default=1)  # the candidates a head gives
+        self.nodes = tree_nodes(self.widths) if self.widths else d_max  # the most nodes a draft holds
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
         self.stage: Stage | None = None  # at the first admission (the conditions' shape): a held one of that shape
         self.stage_key: tuple = ()  # its shapes: part of the heads' capture keys (a capture reads one stage)
@@ -199,7 +210,7 @@ class XSpecMeshPool(PoolBase):
         h = first.features[0, -1]  # [dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
         if self.stage is None:  # every verify position when read ahead, else one
-            w = self.d + 1 if self.ahead else 1
+            w = self.nodes + 1 if self.ahead else 1
             self.stage_key = ("stage", tuple(h.shape), w, None if context is None else tuple(t.shape for t in context))
             self.stage = self.held.get(self.stage_key) or Stage.like(h, context, w, self.stacked.token_input)
             self.held[self.stage_key] = self.stage
@@ -215,6 +226,9 @@ class XSpecMeshPool(PoolBase):
                 continue
             mesh, x = seq[1:-1], seq[-1]
             heads = functools.cache(functools.partial(self.heads, r, x) if r.ready is None else lambda p=r.ready: p)
+            if self.widths:  # a candidate tree, its depth within the budget
+                drafts.append(self.decoder._tree(mesh, x, heads, self.widths[:budget], r.memory))
+                continue
             proposal = self.decoder._candidates(mesh, x, heads, self.d, self.opts, r.memory)
             chain = proposal.cut(self.opts.min_path_prob)
             eos = self.decoder.eos_id
@@ -233,7 +247,7 @@ class XSpecMeshPool(PoolBase):
             copy_into(stage.token1, torch.tensor([token]))
         inputs = {} if r.past is None else {"past": r.past}
         if greedy_draft(self.params, self.opts):
-            return Proposal.of_columns(self.run_heads(1, True, inputs).tolist()[0], self.d)
+            return Proposal.of_columns(self.run_heads(1, True, inputs).tolist()[0], self.d, self.width)
         return head_candidates(self.run_heads(1, False, inputs), self.params, self.opts, r.generator)
 
     def run_heads(self, s: int, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -250,17 +264,19 @@ class XSpecMeshPool(PoolBase):
                                  stage.h[:s], None if stage.token is None else stage.token[:s], k, v, past)[0]
             if not columns:
                 return (logits,)
-            return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs),)
+            return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs,
+                                   self.width),)
 
         graphs = self.decoder.heads.graphs
-        key = ("heads", self.stage_key, d, s, columns, dtype, *((name, tuple(t.shape)) for name, t in inputs.items()))
+        key = ("heads", self.stage_key, d, s, columns, self.width, dtype,
+               *((name, tuple(t.shape)) for name, t in inputs.items()))
         return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
 
     def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-        """`ReadAlong`: for every row i and length a it may accept, the greedy candidates (`greedy_columns`) the next
-        step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d or 2 d]. One call of the heads per
-        row on all its positions, staged at the widest verify (d + 1 positions: one captured graph); positions past
-        sizes[i] unused (stale)."""
+        """`ReadAlong`: for every row i and node a its verdict may end at, the greedy candidates (`greedy_columns`)
+        the next step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d w or 2 d]. One call of the
+        heads per row on all its positions, staged at the widest verify (its most nodes + 1 positions: one captured
+        graph); positions past sizes[i] unused (stale)."""
         n, s = picks.shape
         stage = self.stage
         cols = []
@@ -269,24 +285,25 @@ class XSpecMeshPool(PoolBase):
             stage.h[:s].copy_(out.features[i])
             if stage.token is not None:
                 stage.token[:s].copy_(picks[i])
-            cols.append(self.run_heads(self.d + 1, True, {}))  # read (stacked) before the next row's call
+            cols.append(self.run_heads(self.nodes + 1, True, {}))  # read (stacked) before the next row's call
         return torch.stack(cols)[:, :s]
 
     def take(self, host: list[list[list[float]]]) -> None:
         """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""
         for r, row in zip(self.rows, host):
-            r.ahead = [Proposal.of_columns(col, self.d) for col in row]
+            r.ahead = [Proposal.of_columns(col, self.d, self.width) for col in row]
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:
-        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}; the next candidates if read ahead."""
+        """5. h_{s*-1} and the history window after committing x_s .. x_{s*-1}; the next candidates if read ahead.
+        The accepted path ends at fed node `last` (a chain's: its length; a tree's: its last node's index)."""
         for i, (r, verdict) in enumerate(zip(self.rows, verdicts)):
-            a = verdict.num_accepted
-            if self.stacked.history:
-                r.past = window(self.stacked, out.features[i, : a + 1], r.past)
-            r.ready, r.ahead = (None if r.ahead is None else r.ahead[a]), None
+            last = verdict.kept()[-1]
+            if self.stacked.history:  # a chain (no candidate tree with history heads): its first last + 1 nodes
+                r.past = window(self.stacked, out.features[i, : last + 1], r.past)
+            r.ready, r.ahead = (None if r.ahead is None else r.ahead[last]), None
             if r.ready is None:  # read ahead, the next candidates are known: no heads call needs h
-                r.h = out.features[i, a]
+                r.h = out.features[i, last]
 
 
 def held_statics(decoder, opts, params: SamplingParams) -> dict:
@@ -307,6 +324,15 @@ def held_statics(decoder, opts, params: SamplingParams) -> dict:
         graphs.reset()
         graphs.held.update(key=key, lm_head=decoder._lm_head(dtype))  # kept alive while a capture reads it
     return graphs.held
+
+
+def tree_nodes(widths: tuple[int, ...]) -> int:
+    """The most nodes a candidate tree of these widths holds: w_1 + w_1 w_2 + .. (a known offset is one child)."""
+    total, level = 0, 1
+    for w in widths:
+        level *= w
+        total += level
+    return total
 
 
 def window(stacked, rows: torch.Tensor, past: torch.Tensor | None) -> torch.Tensor | None:

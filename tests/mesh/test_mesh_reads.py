@@ -83,14 +83,15 @@ def record_drafts(monkeypatch) -> list[list[tuple]]:
     return drafts
 
 
-@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "mlp+token", "ca+vertex", "ca+cut", "ca+d2"])
+@pytest.mark.parametrize("kind", ["ca", "mlp", "ca+token", "mlp+token", "ca+vertex", "ca+cut", "ca+d2", "ca+tree",
+                                  "ca+vertex+tree"])
 def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
     """The heads run ahead on each verify position draft, at the accepted one, the very candidates `propose` computes
-    after the verdict; the mesh is greedy AR's."""
+    after the verdict (a candidate tree's: at the node the accepted path ends at); the mesh is greedy AR's."""
     model, pc = setup
     heads = tiny_heads(kind.split("+")[0], scramble=False, token_input="token" in kind)
     opts = dataclasses.replace(LOSSLESS, vertex_lookup="vertex" in kind, min_path_prob=1e-9 * ("cut" in kind),
-                               num_heads=2 * ("d2" in kind))
+                               num_heads=2 * ("d2" in kind), candidate_tree="3,2,1" if "tree" in kind else "")
     drafts = record_drafts(monkeypatch)
     results = []
     for ahead in ((), ("cpu",)):
@@ -101,12 +102,16 @@ def test_read_ahead_drafts_what_propose_drafts(setup, monkeypatch, kind):
     assert results[0].tokens == results[1].tokens == MeshDecoder(model).generate_batch([pc], GREEDY, 80)[0].tokens
 
 
-@pytest.mark.parametrize("budget", ["fixed", "auto"])
+@pytest.mark.parametrize("budget", ["fixed", "auto", "tree"])
 def test_read_ahead_in_a_batch_drafts_what_propose_drafts(monkeypatch, budget):
-    """Rows of different verify widths (padded columns), rows admitted into freed slots, and (auto) AR steps. Each
-    phase of a step is timed 1 ms: `auto` sizes drafts by measured step times, which must not differ by run."""
+    """Rows of different verify widths (padded columns), rows admitted into freed slots, and (auto) AR steps; (tree)
+    candidate trees of different sizes. Each phase of a step is timed 1 ms: `auto` sizes drafts by measured step
+    times, which must not differ by run."""
     model, clouds = tiny_mesh_model(), procedural_clouds(range(11, 16))
-    heads, opts = tiny_heads(scramble=False, token_input=True), dataclasses.replace(LOSSLESS, budget=budget)
+    tree = "2,2,1" if budget == "tree" else ""
+    heads = tiny_heads(scramble=False, token_input=True)
+    opts = dataclasses.replace(LOSSLESS, budget="fixed" if tree else budget, candidate_tree=tree,
+                               vertex_lookup=bool(tree))
     drafts = record_drafts(monkeypatch)
     meshes = []
     for ahead in ((), ("cpu",)):

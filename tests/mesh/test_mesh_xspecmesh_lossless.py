@@ -9,7 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
+from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.methods.xspecmesh_pool import Proposal
@@ -60,11 +62,26 @@ class SecondChoice(MeshDecoder):
         return Proposal(list(chain[len(out) + 1 :]), probs)
 
 
-def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500) -> tuple[float, float, Counter]:
+class SecondAndThird(SecondChoice):
+    """A candidate tree inside the backbone's support: the root's children its second and third most likely tokens,
+    each with one child, the second most likely after it; the exact rule tries the siblings in turn."""
+
+    def _tree(self, out, x, heads, widths, memory=None):
+        tokens, parents = [], []
+        for first in self.exact((*out, x)).topk(3).indices[1:].tolist()[: widths[0]]:
+            tokens.append(first)
+            parents.append(-1)
+            if len(widths) > 1:
+                tokens.append(int(self.exact((*out, x, first)).topk(2).indices[1]))
+                parents.append(len(tokens) - 2)
+        return Draft(tuple(tokens), DraftTree(tuple(parents)))
+
+
+def tv_to_backbone(setup, opts: XSpecMeshOptions, n: int = 2500, decoder=SecondChoice) -> tuple[float, float, Counter]:
     """(total variation between the first 3 decoded tokens and the backbone's joint, mean tokens per step,
-    how many first steps verified 0, 1 or 2 candidates)."""
+    how many first steps verified 0, 1, 2 (or, a tree, 4) candidates)."""
     model, pc = setup
-    dec = SecondChoice(model, tiny_heads(num_heads=2))
+    dec = decoder(model, tiny_heads(num_heads=2))
     dec.exact = ExactBackbone(model, pc, TOP3)
     want = dec.exact.joint(3)
     g, counts, taus, drafted = torch.Generator().manual_seed(0), Counter(), [], Counter()
@@ -98,11 +115,23 @@ def test_a_path_cut_keeps_rejection_lossless(setup):
     assert sizes[1] > 0.1 * sum(sizes.values()) and sizes[2] > 0.1 * sum(sizes.values())  # some cut, some whole
 
 
+@pytest.mark.slow
+def test_a_candidate_tree_keeps_rejection_lossless(setup):
+    """A candidate tree (beyond the paper) of two siblings, each with a child: the rule tries the second sibling
+    after rejecting the first, on the residual; the output is still the backbone's joint (TV as above), and the
+    first steps verify the whole tree."""
+    tv, tau, sizes = tv_to_backbone(setup, dataclasses.replace(LOSSLESS, candidate_tree="2,1"), decoder=SecondAndThird)
+    assert tv < 0.06 and tau > 1.2
+    assert sizes[4] > 0.5 * sum(sizes.values())
+
+
 def test_rejection_at_temperature_zero_is_greedy_ar(setup):
     model, pc = setup
     greedy = SamplingParams(0.0)
     ar = MeshDecoder(model).generate_batch([pc], greedy, 80)[0].tokens
-    for opts in (LOSSLESS, XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)):
+    vertex = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)
+    for opts in (LOSSLESS, vertex, dataclasses.replace(LOSSLESS, candidate_tree="3,2,1"),
+                 dataclasses.replace(vertex, candidate_tree="4,2")):
         res = MeshDecoder(model, tiny_heads()).generate_batch([pc], greedy, 80, opts,
                                                               [torch.Generator().manual_seed(1)])[0]
         assert res.tokens == ar
@@ -120,6 +149,20 @@ def test_rejection_labels_and_option_errors():
         with pytest.raises(UsageError, match="min_path_prob"):
             XSpecMeshOptions(min_path_prob=bad)
     assert XSpecMeshOptions(min_path_prob=0.3).label().endswith("path cut 0.3")
+    assert dataclasses.replace(LOSSLESS, candidate_tree="4,2").tree_widths == (4, 2)
+    for bad in ("4,0", "a", "4,,2"):
+        with pytest.raises(UsageError, match="candidate_tree must be comma-separated widths"):
+            dataclasses.replace(LOSSLESS, candidate_tree=bad)
+    for bad in (dict(), dict(criterion="rejection", sampling="tree", top_k_tree=1, min_path_prob=0.1)):
+        with pytest.raises(UsageError, match="candidate_tree needs criterion=rejection"):
+            XSpecMeshOptions(candidate_tree="2,1", **bad)
+
+
+def test_a_candidate_tree_wider_than_the_heads_is_one_line(setup):
+    model, pc = setup
+    with pytest.raises(UsageError, match="one width a head, at most the 3 heads"):
+        MeshDecoder(model, tiny_heads()).generate_batch([pc], SamplingParams(0.0), 8,
+                                                        dataclasses.replace(LOSSLESS, candidate_tree="2,2,2,2"))
 
 
 @pytest.mark.parametrize("k", [1, 2])

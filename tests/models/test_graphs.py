@@ -564,6 +564,29 @@ def test_lossless_xspecmesh_with_captured_heads_decodes_what_eager_decodes(param
     assert got == eager and decoder.heads.graphs.replays > 0 and decoder.model.decoder.graphs.replays > 0
 
 
+@BOTH_SLOW
+def test_a_candidate_tree_read_ahead_through_static_steps_decodes_ar(capture, monkeypatch):
+    """Lossless XSpecMesh with a candidate tree (3, 2, 1) and vertex lookup, its heads read ahead at every tree node as
+    on a GPU (`ONE_READ`), through the backbone's and the heads' static steps (traced: as captured), batch 2: greedy
+    AR's tokens, the tree's nodes accepted."""
+    from specgen.methods import xspecmesh_pool
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
+
+    monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset({"cpu"}))
+    clouds = procedural_clouds(range(11, 14))
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True,
+                            candidate_tree="3,2,1")
+    model, heads = tiny_mesh_model(), tiny_heads(scramble=False)
+    ar = [r.tokens for r in MeshDecoder(model).generate_batch(clouds, SamplingParams(), 40, batch_size=2)]
+    decoder = MeshDecoder(model, heads)
+    graphs.attach(decoder.model.decoder, "on", capture=capture)
+    graphs.attach(decoder.heads, "on", capture=capture)
+    res = decoder.generate_batch(clouds, SamplingParams(), 40, opts, None, None, 2)
+    assert [r.tokens for r in res] == ar and decoder.heads.graphs.replays > 0
+    assert max(max(r.stats.draft_sizes) for r in res) > 4 and sum(sum(r.stats.accepted) for r in res) > 0
+
+
 def test_a_later_xspecmesh_call_replays_the_heads_captures_unless_their_constants_changed(monkeypatch):
     """The heads' captures read the stacked weights, the stage and the LM head that the first pool made: a second
     `generate_batch` on the same decoder replays them (no capture; each pool used to capture again), with the first
