@@ -289,7 +289,7 @@ class XSpecMeshPool(PoolBase):
         return torch.stack(cols)[:, :s]
 
     def take(self, host: list[list[list[float]]]) -> None:
-        """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says which length was accepted."""
+        """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says where the accepted path ends."""
         for r, row in zip(self.rows, host):
             r.ahead = [Proposal.of_columns(col, self.d, self.width) for col in row]
 
