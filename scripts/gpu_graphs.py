@@ -38,7 +38,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.eval.hf_rows import HfCompiled, one_token, timed_static_greedy
 from specgen.methods import run_batch
-from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions
+from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs, sliced_linear, static_step
@@ -159,7 +159,7 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar --graphs on, one-launch products", tok_s=tokens / s_one, vs_off=s_off / s_one,
         vs_ar=s_on / s_one, same_tokens_as_sliced=exact(res, base), **first)
     g = attach(model, "on")
-    ng = lambda: NgramDrafter(NgramOptions(num_draft=GPU_DRAFT, max_ngram=3, min_ngram=1))  # noqa: E731
+    ng = lambda: NgramDrafter(NgramOptions(**gpu_defaults(NgramOptions)))  # noqa: E731  (16 tokens, n-grams 3..1)
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,
         exact=exact(res, base), tpf=res.stats.tpf, num_draft=GPU_DRAFT, **first)

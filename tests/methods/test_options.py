@@ -109,6 +109,8 @@ def test_drafts_are_longer_on_a_gpu():
         assert (get_method(name).parse_options({}, gpu=True).top_k, get_method(name).parse_options({}).top_k) == (3, 4)
     assert get_method("ngram").parse_options({}, gpu=True).num_draft == O.GPU_DRAFT == 16
     assert get_method("ngram").parse_options({}).num_draft == 4
+    assert (get_method("ngram").parse_options({}, gpu=True).min_ngram, get_method("ngram").parse_options({}).min_ngram
+            ) == (1, 2)  # unigram matches where a wrong draft is free
 
 
 def test_a_request_parses_options_for_its_device(monkeypatch):
