@@ -38,12 +38,16 @@ class VertexMemory:
         """Is `prev` a block this mesh already followed by an offset (so the token after it comes from memory)?"""
         return self.block_id(prev) in self.offsets
 
+    def after(self, prev: int) -> int | None:
+        """The offset remembered after block token `prev`; None where `prev` is no known block."""
+        return self.offsets.get(self.block_id(prev))
+
     def propose(self, last: int, heads: Callable[[], list[int]], d: int) -> list[int]:
         """D candidates after token `last`: the remembered offset after a known block, else `heads()`'s (lazily)."""
         out: list[int] = []
         for j in range(d):
-            prev = out[-1] if out else last
-            out.append(self.offsets[self.block_id(prev)] if self.knows(prev) else heads()[j])
+            known = self.after(out[-1] if out else last)
+            out.append(heads()[j] if known is None else known)
         return out
 
     def known_rows(self, seq: list[int]) -> list[int]:

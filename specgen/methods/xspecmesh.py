@@ -90,8 +90,8 @@ class MeshDecoder:
             for parent, prev in frontier:
                 if prev == self.eos_id:
                     continue
-                known = memory is not None and memory.knows(prev)
-                for t in [memory.offsets[memory.block_id(prev)]] if known else heads().tokens[j * w : j * w + width]:
+                known = None if memory is None else memory.after(prev)
+                for t in heads().tokens[j * w : j * w + width] if known is None else [known]:
                     tokens.append(t)
                     parents.append(parent)
                     level.append((len(tokens) - 1, t))
