@@ -310,7 +310,8 @@ def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_
     from specgen.models.layout import decode_layout
 
     products(kind, monkeypatch)
-    prompt = torch.randint(0, 64, (1, graphs.NODE_BUCKETS[-1] + 37), generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(graphs, "PROMPT_NODES", (128,))  # two chunks within the tiny model's context of 256
+    prompt = torch.randint(0, 64, (1, graphs.PROMPT_NODES[-1] + 37), generator=torch.Generator().manual_seed(0))
     got = []
     for mode in ("off", "on"):
         model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))

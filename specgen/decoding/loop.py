@@ -113,9 +113,9 @@ class Batch:
         """Charge a block to `phase` of the batch and of every live row (each lives through it)."""
         return timed([self.total] + [r.stats for r in self.slots if r is not None and not r.done], phase)
 
-    def admit(self, i: int, slot: int) -> Row:
-        """Prefill prompt i into `slot` (its own rows of the cache); the policy picks its first token(s)."""
-        row, br, policy = Row(i, list(self.prompts[i]), self.generators[i]), self.target.branches, self.policy
+    def admit(self, i: int, slot: int) -> tuple[Row, TargetOut]:
+        """Prefill prompt i into `slot` (its own rows of the cache): the row and the prefill's output, unread."""
+        row, br = Row(i, list(self.prompts[i]), self.generators[i]), self.target.branches
         with timed([row.stats], "prefill"), self.clock("prefill"):
             rows = self.cache.clear_seq(slot, br)
             view = self.cache.rows(rows.start, rows.stop)
@@ -124,9 +124,14 @@ class Batch:
             self.cache.absorb(view, rows.start)
         self.total.target_forwards += 1
         row.stats.target_forwards += 1
-        with timed([row.stats], "propose"):
-            policy.admit(slot, i, row.prompt, first)
-            row.out.extend(policy.start(slot, first, self.run.params, row.generator, row.stats))
+        return row, first
+
+    def start(self, slot: int, row: Row, first: TargetOut) -> Row:
+        """The policy picks the admitted row's first token(s) from its prefill: the prompt's first host read, whose wait
+        the batch charges to its prefill (a row charges its policy's part to its propose)."""
+        with timed([row.stats], "propose"), timed([self.total], "prefill"):
+            self.policy.admit(slot, row.index, row.prompt, first)
+            row.out.extend(self.policy.start(slot, first, self.run.params, row.generator, row.stats))
         row.done = self.ends(row, row.out, False)
         self.stream(row)
         return row
@@ -160,14 +165,16 @@ class Batch:
                     self.finish(row)
                     slots[i] = None
             holes = [i for i, row in enumerate(slots) if row is None]
-            if not holes and queue and len(slots) < self.cache.batch // br:
-                holes = [len(slots)]
-                slots.append(None)
+            grow = max(0, min(len(queue) - len(holes), self.cache.batch // br - len(slots)))  # new slots, in order
+            holes += range(len(slots), len(slots) + grow)
+            slots += [None] * grow
             if not holes or not queue:
                 break
-            for i in holes:
-                if queue:
-                    slots[i] = self.admit(queue.popleft(), i)
+            # every free slot's prefill first, then their first reads: on a GPU the prefills run back to back, not
+            # each behind the host's read of the last
+            admitted = [(slot, *self.admit(queue.popleft(), slot)) for slot in holes[: len(queue)]]
+            for slot, row, first in admitted:
+                slots[slot] = self.start(slot, row, first)
         while None in slots:  # nothing queued: trailing holes go; the last live row moves into the first hole
             src, row = len(slots) - 1, slots.pop()
             if row is not None:

@@ -57,15 +57,16 @@ class ModelTarget:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
-        staged = None if self.model.graphs is None else self.model.graphs.prefill(tokens, cache)
-        if staged is not None:  # captured chunks, the bits of the eager forward below
-            return TargetOut(*staged)
-        b, p = tokens.shape
-        positions = torch.arange(p, device=tokens.device).expand(b, p)
         with prompt_mode():  # every method prefills alike and no step recomputes a prompt: its faster kernels
+            staged = None if self.model.graphs is None else self.model.graphs.prefill(tokens, cache)
+            if staged is not None:  # captured chunks, the bits of the eager forward below
+                return TargetOut(*staged)
+            b, p = tokens.shape
+            positions = torch.arange(p, device=tokens.device).expand(b, p)
             hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
+            logits = self.model.output(hidden[:, -1:])  # [B, 1, V]: prompt mode's products, as a captured chunk's
         cache.commit_seqs(dict.fromkeys(range(b), list(range(p))), 1)
-        return TargetOut(self.model.output(hidden[:, -1:]), hidden)
+        return TargetOut(logits, hidden)
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:

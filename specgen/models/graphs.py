@@ -20,12 +20,13 @@ from specgen.models import kernel_choice
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path
-from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
+from specgen.models.sliced_linear import PROMPT_SLICE_ROWS, SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, eagle_step, gather_roots, meta_rows, target_step
 from specgen.models.transformer import Transformer
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+PROMPT_NODES = (PROMPT_SLICE_ROWS,)  # a prompt's captured chunks: one bucket, one GEMM a product (prompt mode)
 MIN_WIDTH = 256  # the narrowest cache width a step reads (a power of two); each wider bucket doubles it
 MODES = ("auto", "on", "off")
 
@@ -49,8 +50,9 @@ class StepGraphs:
     inside a step; shapes depend only on the bucket; a query's sums do not depend on the cache width T (so a step
     reads only its bucket's `width`)."""
 
-    def __init__(self, model, kind: StepKind, capture: bool = True, strict: bool = False) -> None:
-        self.model, self.kind, self.capture = model, kind, capture
+    def __init__(self, model, kind: StepKind, capture: bool = True, strict: bool = False,
+                 nodes: tuple[int, ...] = NODE_BUCKETS) -> None:
+        self.model, self.kind, self.capture, self.nodes = model, kind, capture, nodes  # nodes: a call's node buckets
         self.strict = strict  # `--graphs on`: a step that cannot be captured is an error, not an uncaptured fallback
         # products in SLICE_ROWS-row GEMMs (SlicedLinear): a bucket holds whole slices, so no product copies its rows
         self.fill = SLICE_ROWS if any(isinstance(m, SlicedLinear) for m in model.modules()) else 1
@@ -75,7 +77,7 @@ class StepGraphs:
         """A cache over the static buffer's first `batch` rows (lengths rounded up, so similar calls keep the captures);
         every cache handed out shares the one buffer: a module decodes one batch at a time. The buffer only grows
         (its rows and width the most asked for so far): each growth drops the captures."""
-        need = -(-(max_len + NODE_BUCKETS[-1]) // 512) * 512
+        need = -(-(max_len + self.nodes[-1]) // 512) * 512
         if self.k is None or batch > self.capacity or need > self.k.shape[3]:
             rows, need = max(batch, self.capacity), max(need, 0 if self.k is None else self.k.shape[3])
             self.reset()
@@ -103,7 +105,7 @@ class StepGraphs:
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
         rows = min(next((r for r in ROW_BUCKETS if r >= n), n), self.capacity)
-        nodes = next((m for m in NODE_BUCKETS if m >= s), None)
+        nodes = next((m for m in self.nodes if m >= s), None)
         if nodes is not None and self.fill % rows == 0:  # padding nodes up to a whole slice: a padding node costs
             nodes = max(nodes, self.fill // rows)  # one query over its own slot, a product's row copy one launch
         if n > ROW_BUCKETS[-1] or nodes is None or filled + nodes > self.k.shape[3]:
@@ -201,16 +203,17 @@ class StepGraphs:
         return tuple(o.clone() for o in outs) if self.kind.kept else outs
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """A prompt tokens [1, P] into the empty row `cache` holds (any row of the static buffer) as chunks of at most
-        NODE_BUCKETS[-1] nodes, each a captured chain step over a one-row buffer of the prompts' own, whose keys and
+        """A prompt tokens [1, P] into the empty row `cache` holds (any row of the static buffer) as chunks of
+        PROMPT_NODES[-1] nodes, each a captured chain step over a one-row buffer of the prompts' own, whose keys and
         values are then copied into the row and committed: the last node's logits [1, 1, V] and every node's hidden
         states [1, P, dim]; None where a prompt attends otherwise than a step (`prompts_as_steps`: one eager forward
-        then). The bits are one eager forward's: a query's sums do not depend on how many queries a forward holds."""
+        then). Run in prompt mode, as the eager forward is (its products' slices: sliced_linear.PROMPT_SLICE_ROWS).
+        The bits are one eager forward's: a query's sums do not depend on how many queries a forward holds."""
         if tokens.shape[0] != 1 or cache.lengths != [0] or not kernel_choice.prompts_as_steps(self.dtype, self.device):
             return None
-        p, most = tokens.shape[1], NODE_BUCKETS[-1]
+        p, most = tokens.shape[1], PROMPT_NODES[-1]
         if self.prompts is None:
-            self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict)
+            self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
         own = self.prompts.new_cache(1, p)
         outs = []
         for start in range(0, p, most):

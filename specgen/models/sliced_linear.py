@@ -6,10 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.models import kernel_choice
+from specgen.models import kernel_choice, prompt
 from specgen.native import ops
 
 SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
+# a prompt prefill's products (prompt mode) in slices of their own: a prompt runs once per sequence, alike in every
+# method, so its bits need only be the same eager and captured; a captured prompt chunk holds this many nodes
+# (graphs.PROMPT_NODES), one GEMM a product where 64-row slices ran four and joined them
+PROMPT_SLICE_ROWS = 256
 
 
 class SlicedLinear(nn.Linear):
@@ -21,14 +25,14 @@ class SlicedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
-        m = rows.shape[0]
+        m, size = rows.shape[0], PROMPT_SLICE_ROWS if prompt.active() else SLICE_ROWS
         if kernel_choice.one_launch(rows, self):  # fixed tiles at any row count: no slices, one launch
             return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
-        if m % SLICE_ROWS:  # [M', in], M' a multiple of SLICE_ROWS: one copy (F.pad would add a fill kernel per
-            padded = rows.new_empty(m + -m % SLICE_ROWS, rows.shape[1])  # product); the padding rows stay unwritten:
+        if m % size:  # [M', in], M' a multiple of the slice: one copy (F.pad would add a fill kernel per
+            padded = rows.new_empty(m + -m % size, rows.shape[1])  # product); the padding rows stay unwritten:
             padded[:m].copy_(rows)  # a GEMM's output row reads only its own input row, so whatever they hold never
             rows = padded  # reaches a real row's bits
-        parts = [F.linear(part, self.weight, self.bias) for part in rows.split(SLICE_ROWS)]  # one launch at <= 64 rows
+        parts = [F.linear(part, self.weight, self.bias) for part in rows.split(size)]  # one launch a slice
         out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [M', out]
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 

@@ -70,6 +70,21 @@ def test_continuous_batching_returns_each_output_once_in_input_order():
     assert [r.tokens for r in res.results] == ar
 
 
+def test_a_refill_prefills_every_free_slot_before_the_policy_reads_a_first_token(monkeypatch):
+    """Admission queues the prefills of all free slots, then starts each row (its policy's first read of a prefill):
+    on a GPU the prefills run back to back, not each behind the host's read of the last. Outputs stay AR's."""
+    from specgen.decoding import loop
+
+    target, prompts = ModelTarget(tiny_model(3)), ragged_prompts(5, seed=1)
+    ar = [decode(target, EmptyDrafter(), p, 12, GREEDY).tokens for p in prompts]
+    events, prefill, start = [], target.prefill, loop.Batch.start
+    monkeypatch.setattr(target, "prefill", lambda tokens, cache: events.append("prefill") or prefill(tokens, cache))
+    monkeypatch.setattr(loop.Batch, "start", lambda self, *a: events.append("start") or start(self, *a))
+    res = run_batch(target, lambda i: EmptyDrafter(), prompts, 12, GREEDY, batch_size=3)
+    assert [r.tokens for r in res.results] == ar
+    assert events == ["prefill"] * 3 + ["start"] * 3 + ["prefill"] * 2 + ["start"] * 2  # 3 slots, then the 2 queued
+
+
 def test_a_row_that_stops_early_stops_consuming_forwards():
     target = ModelTarget(tiny_model(3))
     short, long = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]

@@ -674,7 +674,8 @@ def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward
 
     monkeypatch.setattr(kernel_choice, "prompts_as_steps", lambda dtype, device: True)
     monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
-    prompt = torch.randint(0, 64, (1, graphs.NODE_BUCKETS[-1] + 37), generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(graphs, "PROMPT_NODES", (128,))  # two chunks within the tiny model's context of 256
+    prompt = torch.randint(0, 64, (1, graphs.PROMPT_NODES[-1] + 37), generator=torch.Generator().manual_seed(0))
     got = []
     for staged in (False, True):
         model = tiny_model(0).to(torch.bfloat16)
@@ -696,7 +697,8 @@ def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward
 @pytest.mark.parametrize("name,capture", [("ar", "traced"), ("ngram", "traced")], indirect=["capture"])
 def test_prompts_prefilled_in_captured_chunks_decode_what_eager_ar_decodes(name, capture, monkeypatch):
     monkeypatch.setattr(kernel_choice, "prompts_as_steps", lambda dtype, device: True)
-    long = (PROMPT * 12)[: graphs.NODE_BUCKETS[-1] + 9]
+    monkeypatch.setattr(graphs, "PROMPT_NODES", (128,))  # two chunks within the tiny model's context of 256
+    long = (PROMPT * 12)[: graphs.PROMPT_NODES[-1] + 9]
     prompts = [PROMPT, long, PROMPT[:7]]
     eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     model = tiny_model(0)

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.models.layout import decode_layout
-from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
+from specgen.models import prompt
+from specgen.models.sliced_linear import PROMPT_SLICE_ROWS, SLICE_ROWS, SlicedLinear, row_invariant
 
 
 LINEAR = F.linear
@@ -37,6 +38,22 @@ def test_a_row_gets_the_same_bits_at_any_row_count(rows, dtype, monkeypatch):
     alone, together = rows_alone_and_together(lin, x)
     assert torch.equal(alone, together)
     assert rows == 1 or not torch.equal(*plain)  # the control: the same kernel unsliced moves with the row count
+
+
+@pytest.mark.parametrize("rows", [1, SLICE_ROWS + 1, PROMPT_SLICE_ROWS + 3])
+def test_a_prompt_runs_its_products_in_slices_of_its_own_each_row_at_one_shape(rows, monkeypatch):
+    """In prompt mode (a prefill) a product's rows go in PROMPT_SLICE_ROWS-row slices: a row's bits the same at any row
+    count (an eager prompt against its captured chunks), and not a decode step's (the control: their slice differs)."""
+    torch.manual_seed(rows)
+    lin = nn.Linear(96, 40, bias=True).to(torch.bfloat16)
+    lin.__class__ = SlicedLinear
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    monkeypatch.setattr(F, "linear", shape_dependent)
+    step = rows_alone_and_together(lin, x)[1]
+    with prompt.prompt_mode():
+        alone, together = rows_alone_and_together(lin, x)
+    assert torch.equal(alone, together)
+    assert not torch.equal(together, step)
 
 
 def test_a_sliced_product_keeps_leading_dims_and_the_plain_values():
