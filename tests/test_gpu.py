@@ -302,16 +302,20 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monke
             assert all(torch.equal(lin(x[:m]), alone[:m]) for m in (16, 64, 130)), (n, k)
 
 
+@pytest.mark.parametrize("chunk,length,replays", [(None, 200, 1), (128, 165, 2)])
 @pytest.mark.parametrize("kind", PRODUCTS)
-def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_bits(kind, monkeypatch):
-    """A prompt past the largest node bucket, prefilled into a batch's second row as captured chunks (`--graphs on`),
-    against one eager forward (`off`): the last logits, the hidden states and the row's keys and values bitwise."""
+def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_bits(kind, chunk, length, replays,
+                                                                                     monkeypatch):
+    """A prompt prefilled into a batch's second row as captured chunks (`--graphs on`: one padded chunk of the default
+    PROMPT_NODES, or two of 128 nodes, the tiny model's context being 256), against one eager forward (`off`): the
+    last logits, the hidden states and the row's keys and values bitwise."""
     from specgen.models import graphs
     from specgen.models.layout import decode_layout
 
     products(kind, monkeypatch)
-    monkeypatch.setattr(graphs, "PROMPT_NODES", (128,))  # two chunks within the tiny model's context of 256
-    prompt = torch.randint(0, 64, (1, graphs.PROMPT_NODES[-1] + 37), generator=torch.Generator().manual_seed(0))
+    if chunk:
+        monkeypatch.setattr(graphs, "PROMPT_NODES", (chunk,))
+    prompt = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(0))
     got = []
     for mode in ("off", "on"):
         model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
@@ -323,7 +327,7 @@ def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_
             out = target.prefill(prompt.cuda(), view)
         p = prompt.shape[1]
         got.append((out.logits, out.features, view.k[:, 0, :, :p], view.v[:, 0, :, :p]))
-    assert model.graphs.prompts.replays == 2
+    assert model.graphs.prompts.replays == replays
     assert all(torch.equal(a, b) for a, b in zip(*got))
 
 

@@ -663,19 +663,23 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     assert all(torch.equal(a, c) for a, c in zip(fused, plain))
 
 
+@pytest.mark.parametrize("chunk,length,replays", [(None, 200, 1), (128, 165, 2)])
 @pytest.mark.parametrize("products,capture", [("sliced", "static"), ("sliced", "traced"), ("plain", "static")],
                          indirect=["capture"])
-def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward(products, capture, monkeypatch):
-    """Where a prompt attends as a step does (CUDA; forced here on the CPU), a prompt longer than the largest node
-    bucket prefills into any row as captured chunks over the prompts' own buffer: the last logits, every hidden state
-    and the row's keys and values are bitwise one eager forward's, under a product kernel whose sums move with its
-    row count; the control: plain products under that kernel do not keep them."""
+def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward(products, capture, chunk, length,
+                                                                               replays, monkeypatch):
+    """Where a prompt attends as a step does (CUDA; forced here on the CPU), a prompt prefills into any row as captured
+    chunks over the prompts' own buffer (one padded chunk of the default PROMPT_NODES, or two of 128 nodes: the tiny
+    model's context is 256): the last logits, every hidden state and the row's keys and values are bitwise one eager
+    forward's, under a product kernel whose sums move with its row count (prompt mode's slices, eager and captured);
+    the control: plain products under that kernel do not keep them."""
     from tests.models.test_sliced_linear import shape_dependent
 
     monkeypatch.setattr(kernel_choice, "prompts_as_steps", lambda dtype, device: True)
     monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
-    monkeypatch.setattr(graphs, "PROMPT_NODES", (128,))  # two chunks within the tiny model's context of 256
-    prompt = torch.randint(0, 64, (1, graphs.PROMPT_NODES[-1] + 37), generator=torch.Generator().manual_seed(0))
+    if chunk:
+        monkeypatch.setattr(graphs, "PROMPT_NODES", (chunk,))
+    prompt = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(0))
     got = []
     for staged in (False, True):
         model = tiny_model(0).to(torch.bfloat16)
@@ -690,7 +694,7 @@ def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward
         cache.absorb(view, 1)
         got.append((out.logits, out.features, cache.k[:, 1, :, : prompt.shape[1]], cache.v[:, 1, :, : prompt.shape[1]]))
         assert cache.lengths == [0, prompt.shape[1]]
-    assert model.graphs.prompts.replays == 2 and model.graphs.prompts.eager_calls == 0  # two chunks, both replayed
+    assert model.graphs.prompts.replays == replays and model.graphs.prompts.eager_calls == 0  # every chunk replayed
     assert all(torch.equal(a, b) for a, b in zip(*got)) == (products == "sliced")
 
 
