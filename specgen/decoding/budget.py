@@ -12,13 +12,14 @@ from specgen.decoding.step_times import StepTimes
 
 
 class DraftBudget(Protocol):
-    """Caps draft sizes by the number of live rows and learns from each row's outcome."""
+    """Caps draft depths by the number of live rows and learns from each row's outcome."""
 
     def cap(self, live_rows: int) -> int:
-        """The most draft nodes one row may propose this step."""
+        """The deepest draft one row may propose this step: tokens along any path from the root (a chain's length, a
+        tree's depth; how wide a tree grows is its method's)."""
 
-    def observe(self, draft_size: int, accepted: int) -> None:
-        """One row's step: `draft_size` nodes proposed, `accepted` of them accepted."""
+    def observe(self, nodes: int, depth: int, accepted: int) -> None:
+        """One row's step: a draft of `nodes` nodes on `depth` levels proposed, `accepted` of its tokens accepted."""
 
     def observe_step(self, seconds: float) -> None:
         """The wall time of the whole step (propose, verify, accept, commit) that the last `cap` sized."""
@@ -33,7 +34,7 @@ class FixedBudget:
     def cap(self, live_rows: int) -> int:
         return self.limit
 
-    def observe(self, draft_size: int, accepted: int) -> None:
+    def observe(self, nodes: int, depth: int, accepted: int) -> None:
         pass
 
     def observe_step(self, seconds: float) -> None:
@@ -42,8 +43,8 @@ class FixedBudget:
 
 @dataclass
 class AutoBudget:
-    """Cap k per step maximising expected tokens per row over the cost of a B x (k + 1) verify (docs/decoding.md);
-    k = 0 (batched AR) is a candidate, so it is never worse than AR in the model's own terms (but for `probe`'s few
+    """Cap k per step maximising expected tokens per row over the cost of a B x (1 + k b) verify, b the drafts' nodes
+    per level (1 for chains; docs/decoding.md); k = 0 (batched AR) is a candidate, so it is never worse than AR in the model's own terms (but for `probe`'s few
     steps, which let measured times correct a curve that ranks every draft below AR)."""
 
     limit: int
@@ -56,6 +57,7 @@ class AutoBudget:
     window: int = 256
     times: StepTimes = field(default_factory=StepTimes)
     _history: list[tuple[int, int]] = field(default_factory=list)  # (tried, accepted) per drafting row
+    _shape: deque = field(default_factory=deque)  # (nodes, depth) per drafting row, the last `window`
     _offers: list[bool] = field(default_factory=list)  # per row of a step capped above 0: whether it drafted
     _cap: int = 0  # the cap of the step being observed
     _step: tuple[int, int] | None = None  # (live rows, widest draft) so far of the step the cap sized
@@ -70,9 +72,15 @@ class AutoBudget:
         """The share of rows that drafted in steps capped above 0 (with one pseudo-row that did)."""
         return (sum(self._offers) + 1) / (len(self._offers) + 1)
 
+    def breadth(self) -> float:
+        """Nodes a draft level, over the recent drafting rows (1: chains, and before any draft)."""
+        depth = sum(d for _, d in self._shape)
+        return sum(n for n, _ in self._shape) / depth if depth else 1.0
+
     def model(self, live_rows: int) -> list[float]:
-        """The curve's cost of a step of each width k = 0 .. limit at `live_rows` rows."""
-        return [self.cost(live_rows * (k + 1)) for k in range(self.limit + 1)]
+        """The curve's cost of a step of each width k = 0 .. limit at `live_rows` rows: k levels of `breadth` nodes."""
+        b = self.breadth()
+        return [self.cost(live_rows * (1 + k * b)) for k in range(self.limit + 1)]
 
     def tokens(self, live_rows: int) -> list[float]:
         """Expected tokens a step of each width k = 0 .. limit commits at `live_rows` rows, given that one row drafts
@@ -118,16 +126,19 @@ class AutoBudget:
         self._probes[source] = [*recent, clock]
         return True
 
-    def observe(self, draft_size: int, accepted: int) -> None:
+    def observe(self, nodes: int, depth: int, accepted: int) -> None:
         if self._step is not None:
             rows, width = self._step
-            self._step = (rows, max(width, min(draft_size, self.limit)))
+            self._step = (rows, max(width, min(depth, self.limit)))
         if self._cap:
-            self._offers.append(draft_size > 0)
+            self._offers.append(nodes > 0)
             del self._offers[: -self.window]
-        if draft_size == 0:
+        if nodes == 0:
             return  # no proposal: says nothing about acceptance
-        self._history.append((accepted + (accepted < draft_size), accepted))  # (tried, accepted)
+        self._history.append((accepted + (accepted < depth), accepted))  # (tried, accepted): a path's tokens
+        self._shape.append((nodes, depth))
+        if len(self._shape) > self.window:
+            self._shape.popleft()
         while sum(n for n, _ in self._history) > self.window and len(self._history) > 1:
             self._history.pop(0)
 
@@ -236,10 +247,10 @@ class MeasuredBudget:
         self._last = choice
         return choice
 
-    def observe(self, draft_size: int, accepted: int) -> None:
+    def observe(self, nodes: int, depth: int, accepted: int) -> None:
         if self._open:
             self._open[2] += accepted + 1  # the row's accepted tokens and its bonus / corrected token
-            self._open[4] += draft_size + 1  # the row's tokens in the verify (root + draft)
+            self._open[4] += nodes + 1  # the row's tokens in the verify (root + draft)
             self._open[5] += 1
 
     def observe_step(self, seconds: float) -> None:

@@ -82,8 +82,9 @@ class DraftVerify(PolicyBase):
         with clock("propose"):  # 5. the pool learns the verdicts
             self.pool.on_accept(drafts, verdicts, out, sizes, out.features.shape[0] // out.logits.shape[0])
             for s, d, v in zip(stats, drafts, verdicts):
-                s.record(d.size, d.tree.max_depth(), v.num_accepted)
-                self.budget.observe(d.size, v.num_accepted)
+                depth = d.tree.max_depth()
+                s.record(d.size, depth, v.num_accepted)
+                self.budget.observe(d.size, depth, v.num_accepted)
         return [(v.kept(), list(v.tokens)) for v in verdicts]
 
     def picks(self, out: TargetOut, sizes: Sequence[int]) -> list[list[int]]:

@@ -154,20 +154,35 @@ def test_auto_budget_shrinks_as_the_batch_fills_the_product():
     assert knee.best(4) <= knee.best(1)
 
 
+def test_auto_budget_learns_a_trees_acceptance_along_its_depth_and_prices_its_width():
+    """A tree's tokens are tried along one path (its depth), and its verify holds all its nodes: a 12-node, 4-level
+    tree accepted whole tried 4 tokens (a chain's count would call it 5: one rejected), and a cap of k levels then
+    costs 1 + 3k rows a sequence; chains keep 1 + k."""
+    curve = CostCurve((1, 2, 4, 8, 16, 32), (1.0, 1.3, 1.8, 2.8, 5.0, 9.0))
+    chain, tree = AutoBudget(8, curve, prior=0.5, weight=8.0), AutoBudget(8, curve, prior=0.5, weight=8.0)
+    chain.observe(4, 4, 4)
+    tree.observe(12, 4, 4)
+    assert chain.rate() == tree.rate() == pytest.approx(8 / 12)  # (4 accepted + 4 pseudo) / (4 tried + 8 pseudo)
+    assert chain.model(2) == [curve(2 * (1 + k)) for k in range(9)]
+    assert tree.model(2) == [curve(2 * (1 + 3 * k)) for k in range(9)]
+    tree.observe(0, 0, 0)  # no draft: no shape either
+    assert tree.breadth() == 3.0
+
+
 def test_auto_budget_learns_the_acceptance_rate_and_retries_after_ar_steps():
     b = AutoBudget(8, CostCurve((1, 2, 4, 8, 16), (1.0, 1.3, 1.8, 2.8, 5.0)), prior=0.9)
     for _ in range(2):
         b.times.add(1, 0, 1.0)  # batched AR measured (it runs first): drafting is judged by the curve's shape
     before = b.cap(1)
-    b.observe(4, 0)
+    b.observe(4, 4, 0)
     assert b.rate() == pytest.approx(7.2 / 9) and b.cap(1) > 0  # one rejection does not stop drafting
     for _ in range(50):
-        b.observe(4, 0)  # every draft rejected at its first token: the rate falls towards 0
+        b.observe(4, 4, 0)  # every draft rejected at its first token: the rate falls towards 0
     low = b.rate()
     assert low < 0.15 and b.cap(1) == 0 < before  # an AR step: it forgets the oldest rejection
     forgot = b.rate()
     assert forgot > low
-    b.observe(0, 0)  # an empty draft says nothing about acceptance
+    b.observe(0, 0, 0)  # an empty draft says nothing about acceptance
     assert b.rate() == forgot
     steps = 0
     while b.cap(1) == 0:  # AR steps forget old observations until drafting is worth a try again
@@ -232,7 +247,7 @@ def test_auto_budget_keeps_drafting_copies_after_early_rejections():
         cap = budget.cap(1)
         size = min(cap, 4)  # the drafter's own num_draft
         drafts += size > 0
-        budget.observe(size, size if drafts > 2 else 0)
+        budget.observe(size, size, size if drafts > 2 else 0)
         budget.observe_step(0.01 * curve(size + 1))
         caps.append(cap)
     assert caps[:2] == [0, 0] and min(caps[2:]) >= 2  # AR first, then drafts throughout
@@ -284,7 +299,7 @@ def run_steps(budget: MeasuredBudget, live_rows: int, steps: int, seconds_of, ac
     for _ in range(steps):
         cap = budget.cap(live_rows)
         for _ in range(live_rows):
-            budget.observe(cap, accepted_of(cap))
+            budget.observe(cap, cap, accepted_of(cap))
         budget.observe_step(seconds_of(cap, live_rows))
         caps.append(cap)
     return caps
@@ -331,7 +346,7 @@ def test_measured_budget_tries_cost_about_their_share_catch_up_included():
     for step in range(3000):
         cap = budget.cap(8)
         for _ in range(8):
-            budget.observe(cap, 3 if cap else 0)
+            budget.observe(cap, cap, 3 if cap else 0)
         s = seconds(cap, 8)
         budget.observe_step(s)
         if step >= 10:  # after the measuring phase
