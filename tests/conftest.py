@@ -124,7 +124,8 @@ def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop
                      max_draft=max_draft, rule=rule).results[0]
 
 
-def method_drafter(name: str, seed: int = 0, **options):
-    """Method `name`'s text drafter from `options` through the request's parse path (`MethodSpec.parse_options`)."""
+def method_drafter(name: str, seed: int = 0, gpu: bool = False, **options):
+    """Method `name`'s text drafter from `options` through the request's parse path (`MethodSpec.parse_options`; `gpu`:
+    with its GPU defaults)."""
     spec = METHODS[name]
-    return spec.drafter(spec.parse_options(options), seed)
+    return spec.drafter(spec.parse_options(options, gpu=gpu), seed)

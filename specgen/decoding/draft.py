@@ -1,4 +1,4 @@
-"""Frozen dataclasses passed between the decode steps: Draft (proposal) and Verdict (acceptance)."""
+"""Frozen dataclasses passed between the decode steps: Draft (proposal) and Verdict (acceptance); prefix trees."""
 
 from __future__ import annotations
 
@@ -53,3 +53,27 @@ class Verdict:
     def kept(self, chain: int = 0) -> list[int]:
         """The fed nodes to commit when the draft hung from `chain` fed nodes after the root: root, chain, path."""
         return list(range(chain + 1)) + [chain + 1 + j for j in self.path]
+
+
+def prefix_tree(branches: list[list[int]], first: int = 0, most: int | None = None) -> tuple[Draft, list[list[int]]]:
+    """The branches merged into one prefix tree (shared prefixes verified once), branch `first`'s nodes first, then the
+    others' in order, at most `most` nodes (a branch ends at the first node past them); nodes[b][k] = the verify input
+    of branch b's first k tokens (0 = the root), so a greedy walk of the tree finds the longest accepted branch."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    nodes: list[list[int]] = [[] for _ in branches]
+    for b in [first, *(i for i in range(len(branches)) if i != first)]:
+        at, node = [0], -1
+        for t in branches[b]:
+            key = (node, t)
+            if key not in child:
+                if most is not None and len(tokens) >= most:
+                    break
+                child[key] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+            node = child[key]
+            at.append(node + 1)
+        nodes[b] = at
+    return Draft(tuple(tokens), DraftTree(tuple(parents))), nodes

@@ -7,10 +7,9 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft import Draft, Verdict, prefix_tree
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.stats import DecodeStats
-from specgen.decoding.tree import DraftTree
 from specgen.methods.options import MultiBlockOptions
 from specgen.methods.text import lookup
 
@@ -117,25 +116,3 @@ class MultiBlockDrafter(DrafterBase):
             window += (window[: segs[0][0]] + self.fill(n))[:n]
             segs.append([n, 0])
         self.window = window
-
-
-def prefix_tree(branches: list[list[int]], first: int = 0) -> tuple[Draft, list[list[int]]]:
-    """The branches merged into one prefix tree (shared prefixes verified once), branch `first`'s nodes first, then the
-    others' in order; nodes[b][k] = the verify input of branch b's first k tokens (0 = the root), so a greedy walk of
-    the tree finds the longest accepted branch."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
-    nodes: list[list[int]] = [[] for _ in branches]
-    for b in [first, *(i for i in range(len(branches)) if i != first)]:
-        at, node = [0], -1
-        for t in branches[b]:
-            key = (node, t)
-            if key not in child:
-                child[key] = len(tokens)
-                tokens.append(t)
-                parents.append(node)
-            node = child[key]
-            at.append(node + 1)
-        nodes[b] = at
-    return Draft(tuple(tokens), DraftTree(tuple(parents))), nodes

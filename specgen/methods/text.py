@@ -6,7 +6,7 @@ import random
 from array import array
 from dataclasses import dataclass, field
 
-from specgen.decoding.draft import Draft, Verdict
+from specgen.decoding.draft import Draft, Verdict, prefix_tree
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import StepPolicy
 from specgen.decoding.run_ahead import RunAhead
@@ -56,30 +56,46 @@ class JacobiDrafter(DrafterBase):
 @dataclass
 class NgramDrafter(DrafterBase):
     """Prompt lookup: what followed the most recent earlier occurrence of the longest suffix n-gram (max_ngram down
-    to min_ngram), else of the static `cache` (loaded from `o.cache`); no match: an empty draft (a plain AR step)."""
+    to min_ngram), else of the static `cache` (loaded from `o.cache`); no match: an empty draft (a plain AR step).
+    `o.candidates` > 1: the continuations of that many most recent occurrences merged into a trie (TRIE_NODES at most:
+    a GPU verifies them as one product slice), the newest first."""
 
     o: NgramOptions = field(default_factory=NgramOptions)
     cache: NgramCache | None = None
 
     def propose(self, seq: list[int], budget: int, stats: DecodeStats) -> Draft:
-        k = min(self.o.num_draft, budget)
+        k = min(self.o.num_draft, budget)  # the draft's depth: each continuation's tokens
         if k <= 0:
             return Draft.empty()
-        draft = lookup(seq, k, self.o.max_ngram, self.o.min_ngram)
-        if not draft and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
-            draft = self.cache.draft(seq, k)
-        return Draft.chain(draft)
+        found = continuations(seq, k, self.o.max_ngram, self.o.min_ngram, self.o.candidates)
+        if len(found) > 1:
+            return prefix_tree(found, most=TRIE_NODES)[0]
+        if not found and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
+            found = [self.cache.draft(seq, k)]
+        return Draft.chain(found[0] if found else [])
+
+
+# the most nodes of an n-gram trie: with its root, 64 rows, one SlicedLinear slice (models/sliced_linear.SLICE_ROWS)
+TRIE_NODES = 63
 
 
 def lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of seq's n-gram suffix (the longest n first).
-    The tokens are searched as 4-byte words by `bytes.rfind` (C speed: a Python scan of a long sequence costs a GPU
-    step's time every step), each hit kept only at a word boundary."""
+    """Up to k tokens that followed the most recent earlier occurrence of seq's n-gram suffix (the longest n first)."""
+    return next(iter(continuations(seq, k, max_ngram, min_ngram, 1)), [])
+
+
+def continuations(seq: list[int], k: int, max_ngram: int, min_ngram: int, count: int) -> list[list[int]]:
+    """Up to k tokens after each of the `count` most recent earlier occurrences of seq's longest n-gram suffix that
+    occurs earlier (max_ngram down to min_ngram), the newest first. The tokens are searched as 4-byte words by
+    `bytes.rfind` (C speed: a Python scan of a long sequence costs a GPU step's time every step), each hit kept only
+    at a word boundary."""
     words, end = array("i", seq).tobytes(), 4 * (len(seq) - 1)  # a match ends before the last token: i <= len - n - 1
     for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        suffix, stop = words[-4 * n :], end
-        while (j := words.rfind(suffix, 0, stop)) >= 0:
+        suffix, stop, found = words[-4 * n :], end, []
+        while len(found) < count and (j := words.rfind(suffix, 0, stop)) >= 0:
             if j % 4 == 0:
-                return seq[j // 4 + n : j // 4 + n + k]
-            stop = j + 4 * n - 1  # a hit across a word boundary: search the matches that start before it
+                found.append(seq[j // 4 + n : j // 4 + n + k])
+            stop = j + 4 * n - 1  # the matches that start before this hit (one across a word boundary, or the next)
+        if found:
+            return found
     return []

@@ -13,7 +13,7 @@ import torch
 from specgen.decoding.accept import accept_greedy
 from specgen.decoding.draft import Verdict
 from tests.conftest import decode
-from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
@@ -29,12 +29,12 @@ def ragged_prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(64) for _ in range(rng.randrange(2, 20))] for _ in range(n)]
 
 
-def drafter_of(name: str, seed: int = 0):
-    return lambda i: method_drafter(name, seed)
+def drafter_of(name: str, seed: int = 0, gpu: bool = False):
+    return lambda i: method_drafter(name, seed, gpu)
 
 
-def alone(target, name: str, prompts, n: int, stop=()) -> list[list[int]]:
-    return [run_batch(target, drafter_of(name), [p], n, GREEDY, stop).results[0].tokens for p in prompts]
+def alone(target, name: str, prompts, n: int, stop=(), gpu: bool = False) -> list[list[int]]:
+    return [run_batch(target, drafter_of(name, gpu=gpu), [p], n, GREEDY, stop).results[0].tokens for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +45,18 @@ def ragged_ar():
     return target, prompts, alone(target, "ar", prompts, 24)
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-defaults", "gpu-defaults"])
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
-def test_every_lossless_method_batched_equals_alone_and_ar(method, ragged_ar):
+def test_every_lossless_method_batched_equals_alone_and_ar(method, gpu, ragged_ar):
+    """At the CPU's option defaults and a GPU's (`options.gpu_defaults`: wider drafts, n-gram tries) alike."""
     target, prompts, ar = ragged_ar
-    assert alone(target, method, prompts, 24) == ar
+    assert alone(target, method, prompts, 24, gpu=gpu) == ar
     for batch_size in (1, 3, 8):
-        res = run_batch(target, drafter_of(method), prompts, 24, GREEDY, batch_size=batch_size)
+        res = run_batch(target, drafter_of(method, gpu=gpu), prompts, 24, GREEDY, batch_size=batch_size)
         assert [r.tokens for r in res.results] == ar, batch_size
     order = list(range(8))
     random.Random(1).shuffle(order)
-    shuffled = run_batch(target, drafter_of(method), [prompts[i] for i in order], 24, GREEDY, batch_size=3)
+    shuffled = run_batch(target, drafter_of(method, gpu=gpu), [prompts[i] for i in order], 24, GREEDY, batch_size=3)
     assert [r.tokens for r in shuffled.results] == [ar[i] for i in order]
 
 
@@ -128,7 +130,7 @@ def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float
     return {s: float(p) for s, p in zip(seqs, joint)}
 
 
-def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0) -> Counter:
+def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0, gpu=False) -> Counter:
     """`copies` rows of `prompt`, interleaved with ragged other prompts, in batches of 8, each its own stream."""
     prompts, mine = [], []
     others = ragged_prompts(copies // 2, seed=seed)
@@ -139,7 +141,7 @@ def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0) 
             prompts.append([t % 4 for t in others[i // 2]])
     generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
     opts = {"block_size": 3} if "block_size" in METHODS[method].options else {}  # ar and ngram have no blocks
-    res = run_batch(target, lambda i: method_drafter(method, i, **opts), prompts, 3,
+    res = run_batch(target, lambda i: method_drafter(method, i, gpu, **opts), prompts, 3,
                     SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
     return Counter(tuple(res.results[i].tokens) for i in mine)
 
@@ -157,18 +159,54 @@ def flat_model():
     return model
 
 
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu-defaults", "gpu-defaults"])
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
 @pytest.mark.slow
-def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, method):
+def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, method, gpu):
     exact = exact_joint(flat_model, [1, 2, 3], 3)
     target = ModelTarget(flat_model)
-    got = tv(sample_rows(target, [1, 2, 3], method), exact)
-    # noise level: the TV of 600 exact draws from the same distribution (a few repeats, the largest)
+    got = tv(sample_rows(target, [1, 2, 3], method, gpu=gpu), exact)
+    noise = noise_tv(exact)
+    assert got < 1.5 * noise + 0.02, (got, noise)
+
+
+def noise_tv(exact, draws: int = 600) -> float:
+    """The TV of `draws` exact draws from the same distribution (a few repeats, the largest): the test's noise level."""
     g = torch.Generator().manual_seed(0)
     keys, probs = list(exact), torch.tensor(list(exact.values()))
-    noise = max(tv(Counter(keys[i] for i in torch.multinomial(probs, 600, True, generator=g).tolist()), exact)
-                for _ in range(5))
-    assert got < 1.5 * noise + 0.02, (got, noise)
+    return max(tv(Counter(keys[i] for i in torch.multinomial(probs, draws, True, generator=g).tolist()), exact)
+               for _ in range(5))
+
+
+@pytest.mark.slow
+def test_an_ngram_tries_rejection_sampling_keeps_the_distribution_and_its_control_fails(flat_model):
+    """GPU n-gram drafts (a trie of the 4 latest matches' continuations) sampled in a batch: the prompt's last token
+    follows two earlier ones with different continuations, so the root has siblings. The TV to the exact joint is at
+    noise level; the control, a rule that tries each sibling against p instead of the residual, is far off."""
+
+    def siblings_against_p(draft, logits, params, generator):
+        probs, node, path = logits_to_probs(logits, params), -1, []  # [S, V]
+        while True:
+            p = probs[node + 1]
+            nxt = next((c for c in draft.tree.children[node + 1]
+                        if float(torch.rand((), generator=generator)) < float(p[draft.tokens[c]])), None)
+            if nxt is None:
+                return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (sample(p, generator),))
+            path.append(nxt)
+            node = nxt
+
+    def first_two(counts) -> Counter:  # the first drafted step decides token 2: its marginal, less noisy than all 3
+        out = Counter()
+        for seq, n in counts.items():
+            out[seq[:2]] += n
+        return out
+
+    prompt = [1, 2, 1, 3, 1]  # token 1 = 1 (p ~0.45) drafts a trie of 3 siblings: what followed each earlier 1
+    exact, target = first_two(exact_joint(flat_model, prompt, 3)), ModelTarget(flat_model)
+    limit = 1.5 * noise_tv(exact, 1200) + 0.02
+    got = tv(first_two(sample_rows(target, prompt, "ngram", copies=1200, gpu=True)), exact)
+    control = tv(first_two(sample_rows(target, prompt, "ngram", rule=siblings_against_p, copies=1200, gpu=True)), exact)
+    assert got < limit < control, (got, limit, control)
 
 
 def test_the_sampling_test_can_fail(flat_model):

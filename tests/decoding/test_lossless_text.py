@@ -15,7 +15,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.decoding.tree import DraftTree
 from specgen.methods import run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions
-from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter, lookup
+from specgen.methods.text import TRIE_NODES, EmptyDrafter, JacobiDrafter, NgramDrafter, continuations, lookup
 from specgen.text.jacobi_blocks import JacobiBlocks
 from tests.conftest import method_drafter, tiny_model
 
@@ -143,12 +143,13 @@ def test_a_greedy_jacobi_step_reads_the_argmax_of_its_verify_once(name):
     assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p, 20) for p in prompts]
 
 
-def scan_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """The reference: a Python scan back from the end for the longest n-gram suffix's most recent earlier match."""
+def scan_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int, count: int = 1) -> list[list[int]]:
+    """The reference: a Python scan back from the end for the longest n-gram suffix's `count` most recent earlier
+    matches' continuations."""
     for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
-        for i in range(len(seq) - n - 1, -1, -1):
-            if seq[i : i + n] == seq[-n:]:
-                return seq[i + n : i + n + k]
+        found = [seq[i + n : i + n + k] for i in range(len(seq) - n - 1, -1, -1) if seq[i : i + n] == seq[-n:]]
+        if found:
+            return found[:count]
     return []
 
 
@@ -156,7 +157,35 @@ def scan_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[
 @given(st.lists(st.integers(0, 2**31 - 1) | st.integers(0, 3), max_size=40), st.integers(1, 6), st.integers(1, 4),
        st.integers(1, 2))
 def test_prompt_lookup_finds_what_a_scan_finds(seq, k, max_ngram, min_ngram):
-    assert lookup(seq, k, max_ngram, min_ngram) == scan_lookup(seq, k, max_ngram, min_ngram)
+    assert lookup(seq, k, max_ngram, min_ngram) == next(iter(scan_lookup(seq, k, max_ngram, min_ngram)), [])
+    for count in (2, 4):
+        assert continuations(seq, k, max_ngram, min_ngram, count) == scan_lookup(seq, k, max_ngram, min_ngram, count)
+
+
+def test_an_ngram_trie_merges_the_newest_matches_continuations_within_one_slice():
+    """candidates 3: the 3 most recent matches of the suffix [7], newest first, merged on their shared prefixes
+    (siblings distinct, as tree rejection sampling needs); at most TRIE_NODES nodes however many tokens they hold."""
+    seq = [7, 1, 2, 3, 7, 1, 2, 4, 7, 5, 6, 9, 7]
+    d = NgramDrafter(NgramOptions(num_draft=3, max_ngram=1, min_ngram=1, candidates=3)).propose(seq, 8, None)
+    assert sorted(d.tree.paths()) == [[0, 1, 2], [3, 4, 5], [3, 4, 6]]
+    assert d.tokens == (5, 6, 9, 1, 2, 4, 3)  # the newest continuation first; [1, 2, 3] shares [1, 2] with [1, 2, 4]
+    assert all(len({d.tokens[c] for c in kids}) == len(kids) for kids in d.tree.children)
+    assert NgramDrafter(NgramOptions(num_draft=3, max_ngram=1, min_ngram=1)).propose(seq, 8, None).tokens == (5, 6, 9)
+    wide = list(range(100)) * 39 + [0] + [200 + i for i in range(99)] + [0]  # [0] 40 times before the last: the newest
+    # followed by 200, 201, ..., the 39 others by 1, 2, ... (one shared path): 80 distinct nodes, cut to TRIE_NODES
+    deep = NgramDrafter(NgramOptions(num_draft=40, max_ngram=1, min_ngram=1, candidates=4)).propose(wide, 40, None)
+    assert deep.size == min(TRIE_NODES, 80) and deep.tree.max_depth() == 40
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_ngram_trie_equals_ar(seed):
+    """GPU n-gram drafts (unigram matches, a trie of 4 matches' continuations) on the CPU: AR's tokens, batched too."""
+    model = tiny_model(seed)
+    prompts = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3], [5, 4, 5, 4, 6, 5, 4, 7]]
+    drafter = lambda i: NgramDrafter(NgramOptions(num_draft=8, min_ngram=1, candidates=4))  # noqa: E731
+    res = run_batch(ModelTarget(model), drafter, prompts, 40, GREEDY, batch_size=2)
+    assert [r.tokens for r in res.results] == [run(model, EmptyDrafter(), p) for p in prompts]
+    assert max(res.stats.depths) < max(res.stats.draft_sizes)  # some step verified a trie wider than a chain
 
 
 def test_prompt_lookup_skips_a_byte_match_across_token_boundaries():

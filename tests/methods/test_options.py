@@ -35,7 +35,7 @@ def test_options_are_frozen():
 
 def test_unknown_option_is_one_line_naming_the_known_ones():
     with pytest.raises(UsageError, match=r"^method ngram has no option 'blocks'; its options: num_draft, max_ngram, "
-                                         r"min_ngram, cache, budget, seed$"):
+                                         r"min_ngram, cache, candidates, budget, seed$"):
         get_method("ngram").parse_options({"blocks": 2})
     with pytest.raises(UsageError, match="method ar has no option 'depth'; its options: run_ahead, seed$"):
         get_method("ar").parse_options({"depth": 2})
