@@ -44,8 +44,9 @@ class FixedBudget:
 @dataclass
 class AutoBudget:
     """Cap k per step maximising expected tokens per row over the cost of a B x (1 + k b) verify, b the drafts' nodes
-    per level (1 for chains; docs/decoding.md); k = 0 (batched AR) is a candidate, so it is never worse than AR in the model's own terms (but for `probe`'s few
-    steps, which let measured times correct a curve that ranks every draft below AR)."""
+    per level (1 for chains; docs/decoding.md); k = 0 (batched AR) is a candidate, so it is never worse than AR in
+    the model's own terms (but for `probe`'s few steps, which let measured times correct a curve that ranks every
+    draft below AR)."""
 
     limit: int
     cost: Callable[[int], float]  # tokens in one forward -> its cost

@@ -667,7 +667,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
 @pytest.mark.parametrize("products,capture", [("sliced", "static"), ("sliced", "traced"), ("plain", "static")],
                          indirect=["capture"])
 def test_a_prompt_prefilled_in_captured_chunks_has_the_bits_of_one_eager_forward(products, capture, chunk, length,
-                                                                               replays, monkeypatch):
+                                                                                 replays, monkeypatch):
     """Where a prompt attends as a step does (CUDA; forced here on the CPU), a prompt prefills into any row as captured
     chunks over the prompts' own buffer (one padded chunk of the default PROMPT_NODES, or two of 128 nodes: the tiny
     model's context is 256): the last logits, every hidden state and the row's keys and values are bitwise one eager
