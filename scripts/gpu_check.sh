@@ -53,8 +53,9 @@ par=$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n 4 --dist loadfile")
 # the graphs step (the table) gets what the steps before it left of the 580 s, less the 130 s of the two after
 # it, and never under 340 s
 left=$((580 - SECONDS - 130))
-step graphs $((left > 340 ? left : 340)) python3 scripts/gpu_graphs.py --only text,image,mesh,scale \
-    --json "$OUT/graphs.json"
+limit=$((left > 340 ? left : 340))
+step graphs $limit python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json" \
+    --deadline $limit
 step profile 90 python3 scripts/gpu_profile.py
 step sync-count 40 python3 scripts/gpu_sync_count.py --device cuda
 step attention 80 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
