@@ -102,6 +102,20 @@ def test_a_row_that_stops_early_stops_consuming_forwards():
     assert res.stats.target_forwards == 2 + (len(b.tokens) - 1)  # two prefills, then the long row's steps only
 
 
+def test_a_rows_phase_times_are_the_batchs_while_it_lived():
+    """A row is charged each batch phase it lived through (at its finish, from the batch's clock): the row that runs
+    to the end has the batch's verify, accept and commit seconds; one that stopped early has less."""
+    target = ModelTarget(tiny_model(3))
+    short, long = [1, 2, 3, 4], [5, 6, 7, 8, 9, 10]
+    stop = decode(target, EmptyDrafter(), short, 30, GREEDY).tokens[2]
+    res = run_batch(target, lambda i: EmptyDrafter(), [short, long], 30, GREEDY, (stop,), batch_size=2)
+    a, b = res.results
+    assert len(a.tokens) < len(b.tokens)
+    for phase in ("verify", "accept", "commit"):
+        assert b.stats.times[phase] == pytest.approx(res.stats.times[phase])
+        assert 0 < a.stats.times[phase] < b.stats.times[phase]
+
+
 def test_oracle_chunks_in_a_batch_commit_tree_paths_per_row():
     """Rows with drafts of different sizes (padded into one forward) each accept their own full chunk."""
     target = ModelTarget(tiny_model(4))
