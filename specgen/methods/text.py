@@ -53,6 +53,10 @@ class JacobiDrafter(DrafterBase):
         self.guesses = argmax[verdict.num_accepted + 1 :]
 
 
+# the most nodes of an n-gram trie: with its root, 64 rows, one SlicedLinear slice (models/sliced_linear.SLICE_ROWS)
+TRIE_NODES = 63
+
+
 @dataclass
 class NgramDrafter(DrafterBase):
     """Prompt lookup: what followed the most recent earlier occurrence of the longest suffix n-gram (max_ngram down
@@ -73,10 +77,6 @@ class NgramDrafter(DrafterBase):
         if not found and self.cache is not None:  # the sequence's own n-grams first: they are the closer evidence
             found = [self.cache.draft(seq, k)]
         return Draft.chain(found[0] if found else [])
-
-
-# the most nodes of an n-gram trie: with its root, 64 rows, one SlicedLinear slice (models/sliced_linear.SLICE_ROWS)
-TRIE_NODES = 63
 
 
 def lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
