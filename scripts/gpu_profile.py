@@ -56,13 +56,16 @@ from specgen.models.transformer import Transformer
 from specgen.native import cuda_ops
 
 
-def profiled(run, device: str, models) -> tuple[float, int, list, pstats.Stats, float | None]:
+def profiled(run, device: str, models) -> tuple[float, int, list, pstats.Stats, float | None, int]:
     """(wall seconds, decode steps, the profiler's per-kernel averages, a third run's Python functions under
-    cProfile, `replays_alone`'s ms a step) of `run()` (returns DecodeStats), after a first run that captures every
-    shape it meets; `models`: those whose captured steps the run replays."""
+    cProfile, `replays_alone`'s ms a step, the prompt chunks the profiled run replayed) of `run()` (returns
+    DecodeStats), after a first run that captures every shape it meets; `models`: those whose captured steps the run
+    replays. The profiler's kernels hold the prompts' prefills (captured chunks); `replays_alone` the steps' alone."""
     run()
     owners = [m.graphs for m in models if m.graphs is not None]
     before = [Counter(g.uses) for g in owners]
+    chunks = lambda: sum(g.prompts.replays for g in owners if g.prompts is not None)  # noqa: E731
+    chunks_before = chunks()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
     with profile(activities=activities) as prof:
@@ -72,10 +75,12 @@ def profiled(run, device: str, models) -> tuple[float, int, list, pstats.Stats, 
         wall = time.perf_counter() - t0
     replayed = [(g.graphs[key][1], n) for g, b in zip(owners, before) for key, n in (g.uses - b).items()
                 if g.graphs.get(key, (None, None))[1] is not None]  # a key's graph and its replays in the run
+    prompt_chunks = chunks() - chunks_before
     python = cProfile.Profile()
     python.runcall(run)
     steps = max(stats.steps, 1)
-    return wall, steps, list(prof.key_averages()), pstats.Stats(python), replays_alone(replayed, steps, device)
+    return (wall, steps, list(prof.key_averages()), pstats.Stats(python), replays_alone(replayed, steps, device),
+            prompt_chunks)
 
 
 def replays_alone(replayed: list[tuple[object, int]], steps: int, device: str) -> float | None:
@@ -99,8 +104,8 @@ def replays_alone(replayed: list[tuple[object, int]], steps: int, device: str) -
 BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 
 
-def report(name: str, wall: float, steps: int, events: list, python: pstats.Stats, alone: float | None, device: str,
-           top: int) -> None:
+def report(name: str, wall: float, steps: int, events: list, python: pstats.Stats, alone: float | None,
+           prompt_chunks: int, device: str, top: int) -> None:
     """One case's lines: the step's wall and kernel time, its `top` kernels, then its `top` Python functions by
     their own time (cProfile's, which its tracing inflates: their order says where a host-bound step goes)."""
     key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
@@ -113,7 +118,8 @@ def report(name: str, wall: float, steps: int, events: list, python: pstats.Stat
     replays, launching = (launch.count / steps, launch.self_cpu_time_total / 1e3 / steps) if launch else (0.0, 0.0)
     print(f"\n{name}: {steps} steps, wall {1e3 * wall / steps:.3f} ms a step, kernels {busy:.3f} ms a step "
           f"({calls:.0f} a step), host blocked {blocked:.3f} ms a step, {replays:.1f} replays a step "
-          f"(launching them {launching:.3f} ms), replays alone {'-' if alone is None else f'{alone:.3f}'} ms a step")
+          f"(launching them {launching:.3f} ms; {prompt_chunks} prompt chunks in all), "
+          f"replays alone {'-' if alone is None else f'{alone:.3f}'} ms a step")
     print(f"  {'kernel':<70} {'calls/step':>10} {'us/call':>8} {'share':>6}")
     for e in sorted(kernels, key=lambda e: -getattr(e, key))[:top]:
         t = getattr(e, key)
