@@ -177,6 +177,19 @@ def test_an_ngram_trie_merges_the_newest_matches_continuations_within_one_slice(
     assert deep.size == min(TRIE_NODES, 80) and deep.tree.max_depth() == 40
 
 
+def test_the_static_cache_drafts_where_a_chain_found_nothing_and_joins_a_trie_as_its_last_branch():
+    class Cache:  # the static cache's one call: a continuation of the sequence
+        def draft(self, seq, k):
+            return [8, 9][:k]
+
+    seq = [7, 1, 2, 7, 3, 4, 7]
+    trie = NgramDrafter(NgramOptions(num_draft=2, max_ngram=1, min_ngram=1, candidates=4), Cache())
+    assert trie.propose(seq, 8, None).tokens == (3, 4, 1, 2, 8, 9)  # the newest match first, the cache's last
+    chain = NgramDrafter(NgramOptions(num_draft=2, max_ngram=1, min_ngram=1), Cache())
+    assert chain.propose(seq, 8, None).tokens == (3, 4)  # a match: the sequence's own continuation alone
+    assert chain.propose([5, 6], 8, None).tokens == (8, 9)  # no match: the cache's
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_an_ngram_trie_equals_ar(seed):
     """GPU n-gram drafts (unigram matches, a trie of 4 matches' continuations) on the CPU: AR's tokens, batched too."""
