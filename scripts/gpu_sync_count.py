@@ -22,9 +22,9 @@ replay emulation of tests/models/test_graphs.py (each step traced once, replays 
 GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
 replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
 SmolLM2-shape bf16 AR step, with the default products and with one-launch products (`SPECGEN_TRITON_PRODUCTS=1`).
-The image trees and the n-gram drafts grow at a GPU's option defaults on any device (31 nodes; a 4-match trie:
-`options.gpu_defaults`). With `--device cpu` the `host ms/step` column is a step's host work: the time between the
-loop's refills less the emulated replays' (`ms_per_step`), what a GPU's host runs while its device idles.
+The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`). With `--device cpu`
+the `host ms/step` column is a step's host work: the time between the loop's refills less the emulated replays'
+(`ms_per_step`), what a GPU's host runs while its device idles.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
 from specgen.methods import get_method, run_batch
-from specgen.methods.options import MultiBlockOptions, NgramOptions, gpu_defaults
+from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
@@ -273,9 +273,6 @@ def text_cases(device: str) -> dict:
     base = torch.randint(0, SMALL.vocab_size, (24,), generator=g).tolist()
     prompts = [base * 3 + base[: 5 + i] for i in range(8)]  # repeats: the n-gram drafter finds matches
 
-    def ngram():  # a GPU's n-gram drafts: 16 tokens from unigram matches up, the 4 latest matches as one trie
-        return NgramDrafter(NgramOptions(**gpu_defaults(NgramOptions)))
-
     def run(make, b: int, temperature: float):
         params = SamplingParams(temperature)
         gens = [torch.Generator().manual_seed(i) for i in range(b)]
@@ -283,8 +280,8 @@ def text_cases(device: str) -> dict:
 
     return {"text ar B1 T0": run(EmptyDrafter, 1, 0.0), "text ar B4 T0": run(EmptyDrafter, 4, 0.0),
             "text ar run_ahead 8 B1 T0": run(lambda: EmptyDrafter(8), 1, 0.0),
-            "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(ngram, 1, 0.0),
-            "text ngram B4 T1": run(ngram, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0),
+            "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(NgramDrafter, 1, 0.0),
+            "text ngram B4 T1": run(NgramDrafter, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0),
             "text pcllm-mr B1 T0": run(lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1,
                                                                                    lookup=16)), 1, 0.0)}
 
