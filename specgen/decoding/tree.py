@@ -59,6 +59,18 @@ class DraftTree:
             seen.append(seen[p + 1] + (i + 1,))
         return tuple(seen)
 
+    @cached_property
+    def mask(self) -> bytes:
+        """The verify's tree mask [N + 1, N + 1] as a bool tensor's bytes: input q sees input k (the root, its
+        ancestors, itself). A row is its parent's with its own entry set: one copy a node."""
+        n = self.size + 1
+        rows = [bytearray(n)]
+        rows[0][0] = 1
+        for i, p in enumerate(self.parents):
+            rows.append(bytearray(rows[p + 1]))
+            rows[-1][i + 1] = 1
+        return b"".join(rows)
+
     def paths(self) -> list[list[int]]:
         """Every root-to-leaf path (node ids): what each leaf sees (`visible`), less the root."""
         return [[k - 1 for k in self.visible[i + 1][1:]] for i in range(self.size) if not self.children[i + 1]]

@@ -24,24 +24,21 @@ class VerifyBatch:
 
 @dataclass(frozen=True)
 class HostBatch:
-    """`VerifyBatch`'s inputs as built on the host: tokens, positions [B][S], the flat [B, S, S] indices of the tree
-    mask's visible entries (None: equal chains, causal) and the sizes."""
+    """`VerifyBatch`'s inputs as built on the host: tokens, positions [B][S], the tree mask [B, S, S] as a bool
+    tensor's bytes (None: equal chains, causal) and the sizes."""
 
     tokens: list[list[int]]
     positions: list[list[int]]
-    seen: list[int] | None
+    mask: bytearray | None
     sizes: tuple[int, ...]
 
     def tree_mask(self) -> torch.Tensor | None:
-        """The tree mask [B, S, S] on the host (None: causal chains): its bytes set in Python, then one host op (the
-        view over them), where a zeroed tensor and an indexed write were five."""
-        if self.seen is None:
+        """The tree mask [B, S, S] on the host (None: causal chains): one host op, the view over its bytes."""
+        if self.mask is None:
             return None
         b, s = len(self.tokens), len(self.tokens[0])
-        mask = bytearray(b * s * s)  # a bool tensor's bytes: 0 hidden, 1 visible
-        for i in self.seen:
-            mask[i] = 1
-        return torch.frombuffer(mask, dtype=torch.bool).view(b, s, s)  # the tensor keeps the buffer alive
+        return torch.frombuffer(bytearray(self.mask), dtype=torch.bool).view(b, s, s)  # a copy of its own: the
+        # tensor keeps it alive, and no write through it reaches this batch
 
     def to(self, device) -> VerifyBatch:
         """On `device`: tokens and positions in one copy, the mask in another."""
@@ -59,11 +56,15 @@ def host_batch(roots: list[int], drafts: list[Draft], starts: list[int]) -> Host
     if all(d.tree.is_chain for d in drafts) and len(set(sizes)) == 1:  # equal chains: the causal mask says it all
         return HostBatch([[r, *d.tokens] for r, d in zip(roots, drafts)], [list(range(p, p + s)) for p in starts],
                          None, sizes)
-    seen = [(i * s + q) * s + k for i, (d, n) in enumerate(zip(drafts, sizes))  # each node sees its ancestors and
-            for q, row in enumerate(d.tree.visible + tuple((j,) for j in range(n, s))) for k in row]  # itself; padding
-    return HostBatch([[r, *d.tokens] + [r] * (s - n) for r, d, n in zip(roots, drafts, sizes)],  # only itself
+    mask = bytearray()  # row by row: each tree's mask (a node sees the root, its ancestors, itself), its rows padded
+    for d, n in zip(drafts, sizes):  # to S; a padding node sees only itself
+        own = d.tree.mask
+        mask += own if n == s else b"".join(own[q * n : (q + 1) * n] + bytes(s - n) for q in range(n))
+        for j in range(n, s):
+            mask += bytes(j) + b"\x01" + bytes(s - j - 1)
+    return HostBatch([[r, *d.tokens] + [r] * (s - n) for r, d, n in zip(roots, drafts, sizes)],
                      [[p, *(p + o for o in d.tree.depth)] + [p] * (s - n)  # padding: the root's position
-                      for p, d, n in zip(starts, drafts, sizes)], seen, sizes)
+                      for p, d, n in zip(starts, drafts, sizes)], mask, sizes)
 
 
 def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
