@@ -36,7 +36,7 @@ import torch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
-from specgen.eval.hf_rows import HfCompiled, one_token, timed_static_greedy
+from specgen.eval.hf_rows import HfCompiled, generate_padded, one_token, timed_static_greedy
 from specgen.methods import run_batch
 from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
@@ -236,14 +236,8 @@ def hf_generate(hf, p: list[int], n: int, **kw) -> list[int]:
 
 
 def hf_batch(hf, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """transformers' batched `generate`: the prompts left-padded (token 0, masked) in one [B, P] call, n tokens each."""
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=DEVICE)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=DEVICE)
-    with torch.inference_mode():
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=0)
-    return out[:, width:].tolist()
+    """transformers' batched `generate` of the prompts (left-padded, masked: `generate_padded`), n tokens each."""
+    return generate_padded(hf, prompts, n, min_new_tokens=n)[0]
 
 
 def hf_static(hf, prompts, new: int) -> float:

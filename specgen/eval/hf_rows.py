@@ -34,22 +34,8 @@ class HfGenerate:
         return {}
 
     def generate(self, chunk: list[list[int]], **kwargs) -> tuple[list[list[int]], int, float]:
-        """Greedy `generate` of left-padded prompts: (each row's new tokens to its first stop, forwards, seconds),
-        forwards counted with a pre-forward hook."""
-        stop, hf, calls = self.setup.stop_ids, self.module, [0]
-        pad, width = (stop[0] if stop else 0), max(map(len, chunk))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=hf.device)  # [b, width]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=hf.device)
-        handle = hf.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
-        t0 = now(hf.device)  # GPU clocks are read after the queued kernels finish
-        try:
-            with torch.inference_mode():
-                out = hf.generate(ids, attention_mask=mask, max_new_tokens=self.setup.max_new_tokens, do_sample=False,
-                                  eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs)
-        finally:
-            handle.remove()
-        seconds, rows = now(hf.device) - t0, out[:, width:].tolist()
-        return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], calls[0], seconds
+        """`generate_padded` of this row's prompts, to the benchmark's budget and stop ids."""
+        return generate_padded(self.module, chunk, self.setup.max_new_tokens, self.setup.stop_ids, **kwargs)
 
     def run(self, prompt: list[int]) -> Run:
         """One prompt; tokens past one per forward were accepted drafts (speculative rows)."""
@@ -65,6 +51,26 @@ class HfGenerate:
             total += seconds
             runs += [Run(row, total, forwards, forwards - 1, 0) for row in rows]
         return runs, total
+
+
+def generate_padded(hf, prompts: list[list[int]], n: int, stop: tuple[int, ...] = (),
+                    **kwargs) -> tuple[list[list[int]], int, float]:
+    """Greedy `generate` of left-padded prompts, at most n new tokens each: (each row's new tokens to its first stop,
+    forwards, seconds), forwards counted with a pre-forward hook."""
+    calls = [0]
+    pad, width = (stop[0] if stop else 0), max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)  # [b, width]
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
+    handle = hf.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
+    t0 = now(hf.device)  # GPU clocks are read after the queued kernels finish
+    try:
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                              eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs)
+    finally:
+        handle.remove()
+    seconds, rows = now(hf.device) - t0, out[:, width:].tolist()
+    return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], calls[0], seconds
 
 
 class HfLookup(OneAtATime, HfGenerate):
