@@ -52,14 +52,6 @@ class DraftTree:
         return max(self.depth, default=0)
 
     @cached_property
-    def visible(self) -> tuple[tuple[int, ...], ...]:
-        """Per verify input (the root first), the inputs it sees, ascending: the root, its ancestors, itself."""
-        seen = [(0,)]
-        for i, p in enumerate(self.parents):
-            seen.append(seen[p + 1] + (i + 1,))
-        return tuple(seen)
-
-    @cached_property
     def mask(self) -> bytes:
         """The verify's tree mask [N + 1, N + 1] as a bool tensor's bytes: input q sees input k (the root, its
         ancestors, itself). A row is its parent's with its own entry set: one copy a node."""
@@ -72,5 +64,11 @@ class DraftTree:
         return b"".join(rows)
 
     def paths(self) -> list[list[int]]:
-        """Every root-to-leaf path (node ids): what each leaf sees (`visible`), less the root."""
-        return [[k - 1 for k in self.visible[i + 1][1:]] for i in range(self.size) if not self.children[i + 1]]
+        """Every root-to-leaf path (node ids), one a leaf in node order: the leaf's ancestors, then itself."""
+        out = []
+        for leaf in (i for i in range(self.size) if not self.children[i + 1]):
+            path = [leaf]
+            while self.parents[path[-1]] >= 0:
+                path.append(self.parents[path[-1]])
+            out.append(path[::-1])
+        return out

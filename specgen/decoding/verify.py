@@ -37,8 +37,7 @@ class HostBatch:
         if self.mask is None:
             return None
         b, s = len(self.tokens), len(self.tokens[0])
-        return torch.frombuffer(bytearray(self.mask), dtype=torch.bool).view(b, s, s)  # a copy of its own: the
-        # tensor keeps it alive, and no write through it reaches this batch
+        return torch.frombuffer(self.mask, dtype=torch.bool).view(b, s, s)  # the batch's bytes (one forward's): no copy
 
     def to(self, device) -> VerifyBatch:
         """On `device`: tokens and positions in one copy, the mask in another."""
