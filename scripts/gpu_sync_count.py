@@ -22,9 +22,10 @@ replay emulation of tests/models/test_graphs.py (each step traced once, replays 
 GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
 replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
 SmolLM2-shape bf16 AR step, with the default products and with one-launch products (`SPECGEN_TRITON_PRODUCTS=1`).
-The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`). With `--device cpu`
-the `host ms/step` column is a step's host work: the time between the loop's refills less the emulated replays'
-(`ms_per_step`), what a GPU's host runs while its device idles.
+The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`); the mesh rows are
+lossless XSpecMesh's heads, with vertex lookup, and its candidate tree (`gpu_graphs.py`'s mesh goal row). With
+`--device cpu` the `host ms/step` column is a step's host work: the time between the loop's refills less the
+emulated replays' (`ms_per_step`), what a GPU's host runs while its device idles.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import traceback
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from time import perf_counter as clock  # the host clock of `ms_per_step` (a test moves its own)
 from unittest import mock
@@ -296,15 +297,18 @@ def mesh_cases(device: str) -> dict:
     capture(dec.model.decoder, dec.heads)
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 1, 0, device)]
     lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    vertex = replace(lossless, vertex_lookup=True)  # gpu_graphs.py's mesh rows: the chain, then issue 46's goal row
 
-    def run(decoder: MeshDecoder):
+    def run(decoder: MeshDecoder, opts: XSpecMeshOptions = lossless):
         def go():
-            results = decoder.generate_batch(clouds, SamplingParams(), 128, lossless)
+            results = decoder.generate_batch(clouds, SamplingParams(), 128, opts)
             return DecodeStats(steps=sum(r.stats.steps for r in results))
 
         return go
 
-    return {"mesh ar B1 T0": run(MeshDecoder(dec.model, None, dec.eos_id)), "mesh xspecmesh B1 T0": run(dec)}
+    return {"mesh ar B1 T0": run(MeshDecoder(dec.model, None, dec.eos_id)), "mesh xspecmesh B1 T0": run(dec),
+            "mesh xspecmesh vertex B1 T0": run(dec, vertex),
+            "mesh xspecmesh tree B1 T0": run(dec, replace(vertex, candidate_tree="9,2,1,1"))}
 
 
 def image_cases(device: str) -> dict:
@@ -376,7 +380,7 @@ def main() -> None:
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer); "
           f"one-launch products: {one_launch} ({one_launch / layers:.1f} a layer)")
     if not args.by_op:
-        print(f"{'case':<22} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
+        print(f"{'case':<28} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
               f"{'graph kernels/step':>18} {'ms/step':>8} {'host ms/step':>12}  top implicit lines (per step)")
     for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
         for name, run in cases(args.device).items():
@@ -390,7 +394,7 @@ def main() -> None:
             host = "-" if host_ms is None else f"{host_ms:.2f}"
             top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
-            print(f"{name:<22} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
+            print(f"{name:<28} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
                   f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f} {host:>12}  {top}", flush=True)
     if args.by_op:
         raise SystemExit(f"--by-op {args.by_op!r}: no such case (the table's first column names them)")

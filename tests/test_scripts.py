@@ -48,7 +48,7 @@ def test_the_graphs_step_ends_with_issue_46s_goals(monkeypatch, capsys):
     assert lines["text ar --graphs on: vs_off >= 8.0"] == ["9.00", "yes"]
     assert lines["text ar --graphs on, batch 16: vs_b1 >= 12.0"] == ["5.00", "no"]
     assert lines["image adt-tree --graphs on: drafter_share <= 0.2"] == ["0.10", "yes"]
-    assert lines["mesh xspecmesh criterion=rejection vertex_lookup candidate_tree=4,2,2,1 --graphs on: vs_ar >= 1.5"
+    assert lines["mesh xspecmesh criterion=rejection vertex_lookup candidate_tree=9,2,1,1 --graphs on: vs_ar >= 1.5"
                  ] == ["-", "-"]
     assert len(lines) == len(gpu_graphs.GOALS)
 
