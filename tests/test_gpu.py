@@ -8,6 +8,8 @@ real disagreement, not a tie broken differently.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -246,24 +248,26 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
     assert grows and all(graph is not None for graph in grows)
 
 
-def test_captured_xspecmesh_heads_decode_what_eager_decodes():
+def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     """The shipped tiny mesh GPT + heads on CUDA, float32, T 0: lossless XSpecMesh with the backbone's steps and the
-    heads' step replayed from graphs equals the graphs-off run, and the heads' step was captured (no host sync)."""
+    heads' step replayed from graphs equals graphs-off AR, its heads' chain and `gpu_graphs.py`'s goal row (vertex
+    lookup, a candidate tree of up to 63 nodes), and the heads' step was captured (no host sync)."""
     from specgen.decoding.sampling import SamplingParams as SP
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.mesh.generate import load_mesh_model
-    from specgen.methods.xspecmesh import XSpecMeshOptions
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
     from specgen.models import graphs
 
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device="cuda", graphs="off")
     dec = loaded.decoder
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3, 0, "cuda")]
-    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
-    eager = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
+    chain = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    ar = [r.tokens for r in MeshDecoder(dec.model, None, dec.eos_id).generate_batch(clouds, SP(), 128, chain)]
     graphs.attach(dec.model.decoder, "on")
     graphs.attach(dec.heads, "on")
-    got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
-    assert got == eager
+    for opts in (chain, dataclasses.replace(chain, vertex_lookup=True, candidate_tree="9,2,1,1")):
+        got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
+        assert got == ar, opts
     assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())
 
 
