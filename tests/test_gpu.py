@@ -159,10 +159,13 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
 
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(NgramOptions(GPU_DRAFT, 3, 1)),
-                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)], ids=["ar", "ngram", "jacobi"])
+                                  lambda: NgramDrafter(NgramOptions(GPU_DRAFT, 3, 1, candidates=4)),
+                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)],
+                         ids=["ar", "ngram", "ngram-trie", "jacobi"])
 def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter
-    equals AR, at batch 1 and 3, and the forwards really were replays."""
+    equals AR, at batch 1 and 3 (n-gram also as a GPU's trie of its 4 latest matches' continuations), and the
+    forwards really were replays."""
     from specgen.methods import run_batch
     from specgen.models import graphs
 
