@@ -16,14 +16,17 @@ import torch
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.methods.options import GPU_DRAFT, JacobiOptions, NgramOptions
+from specgen.methods import METHODS
+from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 
 pytestmark = pytest.mark.gpu
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]  # repeats, so n-gram drafts get accepted
 NEW = 48
+# the method table's lossless text methods (each equals AR of its own model: cllm's and pcllm's distilled one)
+LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
 MARGIN = 1e-3
 
 
@@ -158,14 +161,12 @@ def test_ragged_batch_on_cuda_equals_each_prompt_alone():
 
 
 @pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("make", [EmptyDrafter, lambda: NgramDrafter(NgramOptions(GPU_DRAFT, 3, 1)),
-                                  lambda: NgramDrafter(NgramOptions(GPU_DRAFT, 3, 1, candidates=4)),
-                                  lambda: JacobiDrafter(JacobiOptions(4), seed=0)],
-                         ids=["ar", "ngram", "ngram-trie", "jacobi"])
-def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
-    """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless drafter
-    equals AR, at batch 1 and 3 (n-gram also as a GPU's trie of its 4 latest matches' continuations), and the
-    forwards really were replays."""
+@pytest.mark.parametrize("defaults", ["cpu", "gpu"])
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_captured_steps_decode_what_eager_ar_decodes(method, defaults, batch):
+    """--graphs on (CUDA-graph replays over the static cache) against --graphs off, on the GPU: every lossless text
+    method of the method table equals AR, at its CPU's and a GPU's option defaults (n-gram there: a trie of its 4
+    latest matches' continuations), at batch 1 and 3, and the forwards really were replays."""
     from specgen.methods import run_batch
     from specgen.models import graphs
 
@@ -175,8 +176,9 @@ def test_captured_steps_decode_what_eager_ar_decodes(make, batch):
     eager = run_batch(gpu, lambda i: EmptyDrafter(), prompts, NEW, SamplingParams())
     steps = graphs.attach(model, "on")
     try:
-        res = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())
-        again = run_batch(gpu, lambda i: make(), prompts, NEW, SamplingParams())  # replays of the captures
+        make = lambda i: method_drafter(method, 0, defaults == "gpu")  # noqa: E731
+        res = run_batch(gpu, make, prompts, NEW, SamplingParams())
+        again = run_batch(gpu, make, prompts, NEW, SamplingParams())  # replays of the captures
     finally:
         graphs.attach(model, "off")
     assert [r.tokens for r in res.results] == [r.tokens for r in again.results] == [r.tokens for r in eager.results]

@@ -13,17 +13,18 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
-from specgen.methods import get_method, run_batch
+from specgen.methods import METHODS, get_method, run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions, gpu_defaults
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice, static_step
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
-from tests.conftest import tiny_model
+from tests.conftest import method_drafter, tiny_model
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
 DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)),
             "jacobi": lambda: JacobiDrafter(JacobiOptions(4), seed=0)}
 
@@ -147,18 +148,23 @@ def test_a_step_that_reads_the_host_fails_the_check():
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
 
 
-@pytest.mark.parametrize("name,batch,capture", [(name, batch, "static") for name in DRAFTERS for batch in (1, 3)]
-                         + [("ngram", 3, "traced")], indirect=["capture"])
-def test_static_steps_decode_what_eager_ar_decodes(name, batch, capture):
+@pytest.mark.parametrize("name,gpu,batch,capture",
+                         [(name, gpu, batch, "static") for name in LOSSLESS_TEXT for gpu in (False, True)
+                          for batch in (1, 3)] + [("ngram", False, 3, "traced"), ("ngram", True, 3, "traced")],
+                         indirect=["capture"])
+def test_static_steps_decode_what_eager_ar_decodes(name, gpu, batch, capture):
+    """Every lossless text method of the method table, at the CPU's and a GPU's option defaults (tests/test_gpu.py
+    runs the same on CUDA): AR's tokens, every forward a replay of a static step (none eager)."""
     prompts = [PROMPT, PROMPT[:7], [3, 1, 4, 1, 5]][:batch]
     eager = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     model = tiny_model(0)
     target = static_target(model, capture)
-    got = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    make = lambda i: method_drafter(name, 0, gpu)  # noqa: E731
+    got = run_batch(target, make, prompts, 24, SamplingParams())
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
     recorded = model.graphs.recorded  # a second call replays what the first captured: nothing new
-    again = run_batch(target, lambda i: DRAFTERS[name](), prompts, 24, SamplingParams())
+    again = run_batch(target, make, prompts, 24, SamplingParams())
     assert [r.tokens for r in again.results] == [r.tokens for r in got.results]
     assert model.graphs.recorded == recorded
     assert all(graph is not None for _, graph, _ in model.graphs.graphs.values()) == capture
