@@ -44,7 +44,7 @@ def env(
 
 def rows(facts: dict) -> list[dict]:
     """The facts as (item, value, detail) rows of one table."""
-    from specgen.decoding.memory import size  # deferred: start-up (torch; `specgen --help` does without it)
+    from specgen.memory import size  # deferred: start-up (torch; `specgen --help` does without it)
 
     cpu, *gpus = facts["devices"]
     t = facts["threads"]

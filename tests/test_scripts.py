@@ -371,7 +371,7 @@ def test_text_steps_eager_ops_stay_within_budget(monkeypatch):
         assert by_op["specgen/decoding/pool.py", "alias.default"] == 0
     ops, by_op, _ = counts["pcllm-mr"]
     assert sum(n for (f, _), n in by_op.items() if f == "specgen/decoding/verify.py") < 2  # unbind, the mask's view
-    assert by_op["specgen/decoding/cache.py", "index_put_.default"] < 2 * 0.25
+    assert by_op["specgen/models/cache.py", "index_put_.default"] < 2 * 0.25
     assert {name: ops <= budget for name, budget in (("ar", 14), ("ngram", 17.5), ("pcllm-mr", 22))
             for ops in [counts[name][0]]} == {"ar": True, "ngram": True, "pcllm-mr": True}, counts
 
@@ -447,7 +447,7 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
             by_op[line.split(":")[0], line.split()[-1]] += n / c.steps
     sync_count.OpCounter.by_line = None
     found = launches(by_op)
-    assert {op for f, op in found if f == "specgen/decoding/cache.py"} == {"commit_slots.default"}
+    assert {op for f, op in found if f == "specgen/models/cache.py"} == {"commit_slots.default"}
     assert sum(n for (f, _), n in found.items() if f != "specgen/models/vq.py") <= 16.5, found
 
 

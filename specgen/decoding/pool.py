@@ -9,12 +9,12 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import pick
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span, forward_span
+from specgen.models.cache import KVCache
 
 Clock = Callable[[str], AbstractContextManager]  # clock(phase): charge a block's wall time to `phase`
 

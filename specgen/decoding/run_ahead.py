@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
+from specgen.models.cache import KVCache
 
 
 class RunAhead(PolicyBase):

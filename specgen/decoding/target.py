@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from specgen.decoding.cache import KVCache
+from specgen.models.cache import KVCache
 from specgen.models.prompt import prompt_mode
 
 

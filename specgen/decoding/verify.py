@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.target import Target, TargetOut
 from specgen.devices import host_tensor, to_device
+from specgen.models.cache import KVCache
 
 
 @dataclass(frozen=True)

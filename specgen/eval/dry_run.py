@@ -17,7 +17,6 @@ from specgen.builtins import BUILTINS
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE, TooManyThreads
 from specgen.data.prompts import PromptSourceError
-from specgen.decoding.memory import size
 from specgen.devices import check_device
 from specgen.errors import SpecgenError, UsageError
 from specgen.eval import image_bench, mesh_bench, text_bench
@@ -25,6 +24,7 @@ from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, opt
 from specgen.eval.mesh_bench import check_run, variants
 from specgen.eval.sweeps import Entries, entry_tables
 from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
+from specgen.memory import size
 from specgen.methods import get_method
 from specgen.text.precision import split_name
 

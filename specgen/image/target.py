@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.target import TargetOut
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
 from specgen.models import kernel_choice
+from specgen.models.cache import KVCache
 from specgen.models.transformer import padded_causal_mask
 
 

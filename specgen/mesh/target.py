@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.target import TargetOut
+from specgen.models.cache import KVCache
 
 
 class MeshTarget:

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft, Verdict
-from specgen.decoding.cache import KVCache
 from specgen.decoding.draft_verify import DrafterBase, DraftVerify, judge
 from specgen.decoding.pool import PoolBase, RowStep
 from specgen.decoding.stats import DecodeStats
@@ -22,6 +21,7 @@ from specgen.devices import host_tensor, mark, wait_for
 from specgen.methods.eagle_grow import (Children, Frame, GrownTrees, GrowPlan, TreeShape, branch_rows, grow,
                                         kept_counts, level_mask, level_positions, slot_offsets, static_growth,
                                         tree_columns)
+from specgen.models.cache import KVCache
 from specgen.models.graphs import ROW_BUCKETS
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from specgen.decoding.cache import KVCache
+from specgen.models.cache import KVCache
 from specgen.models.transformer import (Block, Transformer, TransformerConfig, forward_mask, forward_rotation,
                                         new_cache, rope_table)
 

@@ -8,15 +8,14 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
-from specgen.decoding.cache import KVCache
-from specgen.decoding.verify import HostBatch
 from specgen.devices import copy_into
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
+from specgen.models.cache import KVCache
 from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path
@@ -42,6 +41,17 @@ class StepKind:
     # keeps views of them, decoding/recorder.py too), so `forward` hands out copies; a drafter's catch-up reads its
     # output before the drafter's next call (methods/eagle.py), so its outputs are the graph's own buffers
     kept: bool = True
+
+
+class HostInputs(Protocol):
+    """A drafter forward's inputs built on the host, as the decoding loop makes them (decoding/verify.HostBatch)."""
+
+    tokens: list[list[int]]  # [n][S]
+    positions: list[list[int]]  # [n][S]
+    sizes: tuple[int, ...]  # [n]: real nodes a row
+
+    def tree_mask(self) -> torch.Tensor | None:
+        """[n, S, S] on the host; None: equal chains (causal)."""
 
 
 class StepGraphs:
@@ -135,7 +145,7 @@ class StepGraphs:
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
-    def forward_host(self, batch: HostBatch, cache: KVCache, features: torch.Tensor) -> torch.Tensor | None:
+    def forward_host(self, batch: HostInputs, cache: KVCache, features: torch.Tensor) -> torch.Tensor | None:
         """An EAGLE drafter's forward over inputs built on the host (its catch-up: `host_batch`): its tokens, positions,
         the bucket's meta and each row's last real node (`sizes` - 1) staged in one copy from page-locked memory; the
         features [n, S, D] (any dtype: the copy casts them). Its result, each row's predicted features at its last

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.decoding.cache import KVCache
+from specgen.models.cache import KVCache
 from specgen.models.transformer import CrossAttention, Transformer, TransformerConfig
 
 

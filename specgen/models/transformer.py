@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specgen.decoding.cache import KVCache
 from specgen.errors import ContextOverflowError
 from specgen.models import kernel_choice, native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
+from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import SCALINGS, Rotation, layout_table, rows_rotation, table_1d, table_2d
 
@@ -332,7 +332,7 @@ class Transformer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, S, V] and final hidden states [B, S, dim] (after the final norm) of S new nodes per row: with a
         cache they attend to the row's committed slots plus the pending nodes `tree_mask` allows (causal when None)
-        and are written as pending slots (`decoding/cache.py`); without one the S tokens are the whole sequence."""
+        and are written as pending slots (`models/cache.py`); without one the S tokens are the whole sequence."""
         if self.graphs is not None and cache is not None and embeds is None:
             replayed = self.graphs.forward(tokens, positions, cache, tree_mask)  # None: this call runs eagerly
             if replayed is not None:

@@ -645,7 +645,7 @@ def embed_rows(WEIGHT, TOKENS, FEATS, OUT, n_s, dim, sfr, sfs, BLOCK: tl.constex
     tl.store(OUT + node * 2 * dim + dim + j, tl.load(FEATS + r * sfr + s * sfs + j, mask=real), mask=real)
 
 
-# A commit's moves (decoding/cache.KVCache.commit_seqs): kept tree nodes' keys and values from their slots to the
+# A commit's moves (models/cache.KVCache.commit_seqs): kept tree nodes' keys and values from their slots to the
 # slots after their row's committed ones, in every layer and kv head of both caches K, V [L, B, Hkv, T, D] (strides
 # skl, skb, skh, skt; D contiguous), in one launch. One program a (layer, kv head), over MOVES [3, N] (cache row,
 # source slot, destination slot) BLOCK moves at a time in list order, each block's sources all loaded (by all of the

@@ -530,7 +530,7 @@ def test_heads_max_tokens_past_the_context_is_refused_before_the_weights_load(ti
 
 
 def test_a_kv_cache_past_free_memory_is_refused_before_the_weights_load(tiny, no_weights, monkeypatch):
-    from specgen.decoding import memory
+    from specgen import memory
 
     monkeypatch.setattr(memory, "free_bytes", lambda device: 1 << 20)  # 1 MiB: tiny-text's cache of 8 rows won't fit
     prompts = [a for i in range(8) for a in ("--prompt", f"prompt {i}")]

@@ -9,10 +9,9 @@ import weakref
 import pytest
 import torch
 
-from specgen import native
-from specgen.decoding import cost, memory
+from specgen import memory, native
+from specgen.decoding import cost
 from specgen.decoding.budget import AutoBudget, FixedBudget, MeasuredBudget, steady_rate
-from specgen.decoding.cache import KVCache
 from specgen.decoding.cost import CostCurve, measure_cost
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.step_times import StepTimes
@@ -20,6 +19,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.methods import run_batch
 from specgen.models import plan_cache
+from specgen.models.cache import KVCache
 from specgen.request import parse_request
 from specgen.text.generate import TextGenConfig, draft_budget
 from tests.conftest import method_drafter, tiny_model

@@ -197,7 +197,7 @@ def test_the_fused_native_layer_equals_rotate_write_and_attend(backend, layout, 
     `rotate` in the same dtype, `KVCache.write` and the attention kernel, over ragged rows."""
     if backend != "native":
         pytest.skip("the fused layer exists on the native path only")
-    from specgen.decoding.cache import KVCache
+    from specgen.models.cache import KVCache
     from specgen.models.attention import native_self_attention
     from specgen.models.rope import rotate, rotation
 

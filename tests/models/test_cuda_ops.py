@@ -846,7 +846,7 @@ def commit_case(device, dtype, seed):
     commit of 3 sequences x 2 branch rows: random ascending keeps (a slot both a source and a destination), one a
     chain (nothing moves), one of 40 of 50 nodes (its moves span blocks of the kernel), the rows' lengths; and its
     result through torch's indexing (CPU)."""
-    from specgen.decoding.cache import KVCache
+    from specgen.models.cache import KVCache
 
     g = torch.Generator().manual_seed(seed)
     k, v = (torch.randn(3, 8, 2, 128, 48, generator=g).to(dtype) for _ in range(2))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specgen.decoding.cache import KVCache
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import verify_batch
+from specgen.models.cache import KVCache
 from tests.conftest import tiny_model
 
 

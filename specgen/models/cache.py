@@ -7,8 +7,8 @@ from functools import cached_property
 
 import torch
 
-from specgen.decoding.memory import check_cache_fits
 from specgen.devices import host_tensor
+from specgen.memory import check_cache_fits
 from specgen.models import kernel_choice
 
 
