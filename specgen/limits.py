@@ -48,7 +48,7 @@ def check_prompt_fits(prompt_tokens: int, max_new_tokens: int, entry) -> None:
 
 def check_kv_cache(config: dict, rows: int, slots: int, dtype, device: str) -> None:
     """Refuse, from a decoder's stored config (`TransformerConfig` fields) and before its weights load, a KV cache
-    of `rows` x `slots` that free memory cannot hold: the check its allocation makes (`memory.py`), made
+    of `rows` x `slots` that free memory cannot hold: the check its allocation makes (`specgen/memory.py`), made
     early. A config without the sizes is left to the load, which names what is wrong with it."""
     from specgen.memory import check_cache_fits  # start-up cost: torch
 

@@ -124,6 +124,10 @@ def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop
                      max_draft=max_draft, rule=rule).results[0]
 
 
+# the method table's lossless text methods (each equals AR of its own model: cllm's and pcllm's distilled one)
+LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
+
+
 def method_drafter(name: str, seed: int = 0, gpu: bool = False, **options):
     """Method `name`'s text drafter from `options` through the request's parse path (`MethodSpec.parse_options`; `gpu`:
     with its GPU defaults)."""

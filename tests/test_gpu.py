@@ -19,14 +19,12 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import method_drafter, tiny_model
+from tests.conftest import LOSSLESS_TEXT, method_drafter, tiny_model
 
 pytestmark = pytest.mark.gpu
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]  # repeats, so n-gram drafts get accepted
 NEW = 48
-# the method table's lossless text methods (each equals AR of its own model: cllm's and pcllm's distilled one)
-LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
 MARGIN = 1e-3
 
 

@@ -17,11 +17,10 @@ from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
-from tests.conftest import method_drafter, tiny_model
+from tests.conftest import LOSSLESS_TEXT, method_drafter, tiny_model
 from tests.decoding.test_lossless_text import OracleDrafter
 
 GREEDY = SamplingParams()
-LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
 
 
 def ragged_prompts(n: int, seed: int = 0) -> list[list[int]]:

@@ -13,18 +13,17 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
-from specgen.methods import METHODS, get_method, run_batch
+from specgen.methods import get_method, run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions, gpu_defaults
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice, static_step
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
-from tests.conftest import method_drafter, tiny_model
+from tests.conftest import LOSSLESS_TEXT, method_drafter, tiny_model
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
-LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
 DRAFTERS = {"ar": EmptyDrafter, "ngram": lambda: NgramDrafter(NgramOptions(num_draft=4, max_ngram=3, min_ngram=1)),
             "jacobi": lambda: JacobiDrafter(JacobiOptions(4), seed=0)}
 
