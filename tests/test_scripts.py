@@ -63,7 +63,8 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
     assert [c.split(":")[0] for c in cases] == [
         "text AR, batch 1", "text AR, batch 16", "text AR, batch 16, one-launch products",
         "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
-        "image EAGLE-2, batch 1", "mesh AR, batch 1", "mesh XSpecMesh (lossless, vertex lookup), batch 1"]
+        "image EAGLE-2, batch 1", "mesh AR, batch 1",
+        "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1"]
     rows, part = {"kernel": [], "python": []}, None
     for line in out.splitlines():
         if line.startswith("  kernel ") or line.startswith("  python function"):
