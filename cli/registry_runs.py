@@ -8,9 +8,9 @@ from cli import _output
 from specgen import builtins, checkpoints, registry
 from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.importer import import_checkpoint  # noqa: F401 - `specgen registry import` calls it here
+from specgen.models.lora import merge_scale
 from specgen.registry import Entry
 from specgen.text.merge import adapter_source, register_merged  # also registers the distilled built-ins' maker
-from specgen.train.lora import merge_scale
 
 
 def listing(kind: str | None) -> tuple[Path, list[dict]]:

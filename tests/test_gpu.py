@@ -103,7 +103,7 @@ def test_bf16_on_cuda_runs():
 
 def test_lora_merge_onto_a_cuda_model_equals_the_cpu_merge():
     """A saved adapter is read on the host; the model it merges into may already be on the GPU (mesh benchmark)."""
-    from specgen.train.lora import merge_lora_state
+    from specgen.models.lora import merge_lora_state
 
     gen = torch.Generator().manual_seed(0)
     dim = tiny_model(0).cfg.dim

@@ -20,10 +20,10 @@ from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries,
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
+from specgen.mesh.pointcloud import point_cloud
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.train.mesh import point_cloud
 
 
 @dataclass

@@ -16,7 +16,7 @@ from specgen.errors import UsageError
 from specgen.limits import decoder_context_of
 from specgen.mesh.errors import MeshDecodeError, MeshInputError
 from specgen.mesh.export import clean_mesh
-from specgen.mesh.pointcloud import validate_point_cloud
+from specgen.mesh.pointcloud import point_cloud, validate_point_cloud
 from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh, load_mesh, split_seeds
 from specgen.mesh.quantize import normalize_bbox
 from specgen.mesh.tokenizers import BPTTokenizer
@@ -25,7 +25,6 @@ from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.request import DecodeRequest
 from specgen.text.precision import in_memory, load_precision
-from specgen.train.mesh import point_cloud
 
 
 @dataclass

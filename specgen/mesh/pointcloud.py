@@ -56,3 +56,8 @@ def validate_point_cloud(points: object, *, min_points: int = 1) -> tuple[np.nda
     if (length <= 1e-12).any():
         raise MeshInputError(f"{int((length <= 1e-12).sum())} normals have zero length")
     return a[:, :3], a[:, 3:] / length[:, None]
+
+
+def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) -> np.ndarray:
+    """Condition input [num_points, 6] float32: surface points + face normals (BPT's ``pc_normal`` layout)."""
+    return np.concatenate(sample_surface(vertices, faces, num_points, seed)[:2], axis=1).astype(np.float32)

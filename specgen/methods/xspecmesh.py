@@ -23,7 +23,7 @@ from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter, lookup
 from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
-from specgen.train.lora import merge_lora_state
+from specgen.models.lora import merge_lora_state
 
 
 class MeshDecoder:

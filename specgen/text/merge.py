@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from specgen import builtins, checkpoints, registry
 from specgen.errors import IncompatibleError, UsageError
+from specgen.models.lora import merge_lora_state, merge_scale
 from specgen.models.tokenizer import TextTokenizer, copy_tokenizer, tokenizer_hash
-from specgen.train.lora import merge_lora_state, merge_scale
 
 
 def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]:

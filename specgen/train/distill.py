@@ -18,12 +18,13 @@ from safetensors.torch import save_file
 from specgen import checkpoints, registry
 from specgen.devices import resolve_device, resolve_dtype
 from specgen.errors import IncompatibleError, UsageError
+from specgen.models.lora import merge_lora_state, merge_scale as checked_merge_scale
 from specgen.models.tokenizer import copy_tokenizer
 from specgen.paths import atomic_dir
 from specgen.text.target import open_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
-from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state, merge_scale as checked_merge_scale
+from specgen.train.lora import apply_lora, lora_state, merge_lora
 from specgen.train.loop import (MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask,
                                 check_choices)
 from specgen.train.optim import cosine_lr

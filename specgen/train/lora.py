@@ -1,9 +1,9 @@
-"""LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters, merge at load."""
+"""LoRA (Hu et al. 2022) for any nn.Module: wrap Linear layers, save only the adapters (their merge at load:
+models/lora.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 from torch import nn
@@ -76,31 +76,3 @@ def merge_lora(model: nn.Module) -> None:
                 m.base.weight += ((m.lora_B @ m.lora_A) * m.scale).to(m.base.weight.dtype)  # [out, in]
             m.base.requires_grad_(True)
             _set(model, name, m.base)
-
-
-def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int, alpha: float) -> int:
-    """Load-time merge of a saved adapter into a plain model: W += (alpha/rank) B @ A. Returns layers merged."""
-    paths = sorted({k.rsplit(".", 1)[0] for k in state})
-    scale = alpha / rank
-    for path in paths:
-        try:
-            layer = model.get_submodule(path)
-        except AttributeError:
-            raise ValueError(f"adapter layer {path} is not in the model") from None
-        if not isinstance(layer, nn.Linear):
-            raise ValueError(f"adapter layer {path} does not fit the model's weight")
-        # the adapter is read on the host; the model may already be on its device
-        a, b = (state[f"{path}.lora_{n}"].to(layer.weight.device, torch.float32) for n in "AB")
-        if tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
-            raise ValueError(f"adapter layer {path} does not fit the model's weight")
-        with torch.no_grad():
-            layer.weight += (b @ a * scale).to(layer.weight.dtype)
-    return len(paths)
-
-
-def merge_scale(meta: dict, scale: float | None = None) -> float:
-    """The scale an adapter is merged with: `scale` if given, else its recorded `merge_scale`, else 1."""
-    s = float(meta.get("merge_scale", 1.0) if scale is None else scale)
-    if not math.isfinite(s) or s < 0:
-        raise UsageError(f"merge scale must be a finite number >= 0, got {s}")
-    return s

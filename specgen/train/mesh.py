@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from specgen.mesh.pointcloud import sample_surface
+from specgen.mesh.pointcloud import point_cloud
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.models.mesh import MeshGPT
@@ -66,11 +66,6 @@ class MeshTrainConfig(OptimConfig):
         encoder = dict(width=self.enc_width, num_latents=self.num_latents, enc_layers=self.enc_layers,
                        n_heads=self.n_heads, out_dim=self.enc_width)
         return {"decoder": decoder, "encoder": encoder}
-
-
-def point_cloud(vertices: np.ndarray, faces: np.ndarray, num_points: int, seed) -> np.ndarray:
-    """Condition input [num_points, 6] float32: surface points + face normals (BPT's ``pc_normal`` layout)."""
-    return np.concatenate(sample_surface(vertices, faces, num_points, seed)[:2], axis=1).astype(np.float32)
 
 
 def mesh_example(seed: int, num_points: int, pc_seed, spec: ProceduralSpec | None = None

@@ -55,7 +55,7 @@ def register_tiny(target: str = "tiny-mesh", heads: str | None = "tiny-heads", p
 def procedural_clouds(seeds) -> list[torch.Tensor]:
     """Point clouds [NUM_POINTS, 6] (float32) of the procedural test meshes of `seeds`."""
     from specgen.mesh.procedural import generate_mesh
-    from specgen.train.mesh import point_cloud
+    from specgen.mesh.pointcloud import point_cloud
 
     out = []
     for seed in seeds:

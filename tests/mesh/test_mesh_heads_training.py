@@ -138,7 +138,7 @@ def test_variant_heads_train_register_and_decode(tmp_path, option, key):
     from specgen.decoding.sampling import SamplingParams
     from specgen.mesh.procedural import generate_mesh
     from specgen.methods.xspecmesh import XSpecMeshOptions
-    from specgen.train.mesh import point_cloud
+    from specgen.mesh.pointcloud import point_cloud
 
     old = torch.get_num_threads()
     cfg = tiny_config("name=t-var", "stage1_epochs=6", "stage1_min_lr=1e-3", "stage2_epochs=1", option)

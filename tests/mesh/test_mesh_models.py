@@ -9,7 +9,8 @@ from specgen import checkpoints, registry
 from specgen.errors import IncompatibleError
 from specgen.methods.xspecmesh import load_mesh
 from specgen.models.heads import HeadsConfig
-from specgen.train.lora import apply_lora, lora_state, merge_lora, merge_lora_state
+from specgen.models.lora import merge_lora_state
+from specgen.train.lora import apply_lora, lora_state, merge_lora
 from tests.mesh.mesh_fixtures import NUM_POINTS, register_tiny, tiny_heads, tiny_mesh_model
 
 

@@ -12,10 +12,10 @@ from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy, acc
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
+from specgen.mesh.pointcloud import point_cloud
 from specgen.mesh.procedural import generate_mesh
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.methods.xspecmesh_pool import Proposal, greedy_columns, greedy_draft, head_candidates, tree_sample
-from specgen.train.mesh import point_cloud
 from tests.mesh.mesh_fixtures import NUM_POINTS, tiny_heads, tiny_mesh_model
 
 SAMPLED = SamplingParams(1.0, 50, 0.95)
