@@ -6,7 +6,7 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
   image rows);
-- mesh AR and lossless XSpecMesh (vertex lookup, candidate tree 9,2,1,1) at batch 1: the shipped tiny mesh model
+- mesh AR and lossless XSpecMesh (vertex lookup, candidate tree `MESH_TREE`) at batch 1: the shipped tiny mesh model
   and its heads (gpu_graphs.py's mesh goal row).
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
@@ -42,7 +42,7 @@ from unittest import mock
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from gpu_graphs import SMOLLM2, prompts_of  # a script beside this one (this folder is on the path when run)
+from gpu_graphs import MESH_TREE, SMOLLM2, prompts_of  # a script beside this one (this folder is on the path when run)
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
@@ -187,9 +187,9 @@ def mesh_case(device: str, top: int) -> None:
         graphs.attach(model, "on", capture=captures(device))
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 2, 0, device)]
     lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True,
-                                candidate_tree="9,2,1,1")
+                                candidate_tree=MESH_TREE)
     for decoder, name in ((MeshDecoder(dec.model, None, dec.eos_id), "mesh AR, batch 1"),
-                          (dec, "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1")):
+                          (dec, f"mesh XSpecMesh (lossless, vertex lookup, candidate tree {MESH_TREE}), batch 1")):
         def run(decoder=decoder):
             results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, lossless)
             return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))

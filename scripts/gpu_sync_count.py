@@ -291,6 +291,7 @@ def mesh_cases(device: str) -> dict:
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.mesh.generate import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from gpu_graphs import MESH_TREE  # a script beside this one (this folder is on the path when run)
 
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=device)
     dec = loaded.decoder
@@ -308,7 +309,7 @@ def mesh_cases(device: str) -> dict:
 
     return {"mesh ar B1 T0": run(MeshDecoder(dec.model, None, dec.eos_id)), "mesh xspecmesh B1 T0": run(dec),
             "mesh xspecmesh vertex B1 T0": run(dec, vertex),
-            "mesh xspecmesh tree B1 T0": run(dec, replace(vertex, candidate_tree="9,2,1,1"))}
+            "mesh xspecmesh tree B1 T0": run(dec, replace(vertex, candidate_tree=MESH_TREE))}
 
 
 def image_cases(device: str) -> dict:
