@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -43,7 +44,16 @@ def table(title: str, rows: Iterable[dict], columns: list[str], console: Console
         t.add_column(c, justify="left" if c in LEFT else "right")
     for r in rows:
         t.add_row(*[fmt(r.get(c)) for c in columns])
-    console.print(t)
+    if console.is_terminal:  # a terminal's width: Rich shortens what does not fit
+        console.print(t)
+        return
+    # a file or a pipe (a log, `| less -S`) gets every column whole: a shortened header (`exact_m…`) names no column
+    width = console.width
+    console.width = max(width, Measurement.get(console, console.options.update_width(1 << 16), t).maximum)
+    try:
+        console.print(t)
+    finally:
+        console.width = width
 
 
 def fmt(v: Any) -> str:
