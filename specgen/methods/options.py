@@ -218,13 +218,16 @@ class LanternTreeOptions(LanternOptions, TreeOptions):
 class AdtOptions(Options):
     """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the shipped model's tree defaults."""
 
-    beta: float = opt(1.0, POS_NUMBER)
+    # on a GPU a drafter level costs ~5% of a 31-node step and the verify ~nothing more for its nodes: trees go deeper
+    # after most of a tree is accepted (beta 0.75), narrow and widen a step at a time and stay at most 7 wide; the
+    # seventh lease's step model: ~2.15x -> ~2.24x AR on gpu_graphs.py's 8 images, +1-2% on 24 others (image.md)
+    beta: float = opt(1.0, POS_NUMBER, gpu=0.75)
     l_d: int = opt(1, int_at_least(0))
-    l_k: int = opt(2, int_at_least(0))
+    l_k: int = opt(2, int_at_least(0), gpu=1)
     d_min: int = opt(0, int_at_least(0))
     d_max: int = opt(10, int_at_least(1))
     k_min: int = opt(1, int_at_least(0))
-    k_max: int = opt(12, int_at_least(1))
+    k_max: int = opt(12, int_at_least(1), gpu=8)
     d0: int = opt(4, int_at_least(1))
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)

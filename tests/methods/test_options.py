@@ -90,9 +90,11 @@ def test_gpu_defaults_pass_their_checks_and_yield_to_given_values(name):
     assert spec.parse_options({}, gpu=False) == spec.options_type()
     for k, v in gpu.items():
         assert v != defaults(spec.options_type)[k], f"{name}.{k}: a GPU default equal to the CPU one"
-        assert getattr(spec.parse_options({k: 3}, gpu=True), k) == 3
+        assert getattr(spec.parse_options({k: v + 1}, gpu=True), k) == v + 1  # a given value wins
+        accepts = next(f for f in fields(spec.options_type) if f.name == k).metadata["check"][0]
+        bad = next(x for x in (0, -1, "x") if not accepts(x))  # a value the field's own check refuses
         with pytest.raises(UsageError, match=f"^{k} must be"):
-            spec.parse_options({k: 0}, gpu=True)
+            spec.parse_options({k: bad}, gpu=True)
 
 
 def test_drafts_are_longer_on_a_gpu():
