@@ -6,7 +6,8 @@ Rows (all greedy, batch 1 unless named):
   under `torch.compile(mode="reduce-overhead")`, AR at batch 16; the GPU's share of a captured step's wall time.
 - image, the shipped tiny c2i GPT, float32, T 0, CFG 4: AR with graphs off; AR, EAGLE-2, ADT-Tree with graphs on
   (the drafter's whole tree growth is one replay a step, methods/eagle_grow.py), the trees at a GPU's defaults (31
-  nodes: CFG's verify one product slice; EAGLE-2's top-k 3) and at the earlier ones (60 nodes, two slices; top-k 4).
+  nodes: CFG's verify one product slice; EAGLE-2's top-k 3; ADT-Tree's deeper adaptation) and at the earlier ones
+  (60 nodes, two slices; top-k 4; ADT-Tree's CPU adaptation), and ADT-Tree at 31 nodes with the CPU's adaptation.
 - mesh, the shipped tiny mesh GPT + XSpecMesh heads, float32, T 0: AR and lossless XSpecMesh (criterion=rejection;
   on: the heads' step is a replay too): the heads' chain, with vertex lookup, and with a candidate tree.
 Every lossless row reports `exact`: the share of outputs equal to the same run's graphs-off AR, token for token; the
@@ -57,6 +58,8 @@ T0 = time.perf_counter()
 # issue 46's mesh goal row: lossless XSpecMesh's candidate tree, each head's best 9, 2, 1, 1 where the vertex memory
 # does not know (<= 63 nodes: one verify slice with the root; the best of 15 shapes decoded on the CPU, gpu.md)
 MESH_TREE = "9,2,1,1"
+# ADT-Tree's adaptation steps at their CPU defaults (a GPU's go deeper: options.AdtOptions), for the rows that time them
+ADT_CPU_STEPS = {"beta": 1.0, "l_k": 2, "k_max": 12}
 MESH_GOAL = f"xspecmesh criterion=rejection vertex_lookup candidate_tree={MESH_TREE}"
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
@@ -349,7 +352,9 @@ def image_rows(num: int) -> None:
         attach(im.drafter_net, mode)  # the EAGLE drafter's catch-ups and whole tree growths too
         rows = (("ar", "ar", {}), ("ar run_ahead 8", "ar", {"run_ahead": 8}), ("eagle2", "eagle2", {}),
                 ("adt-tree", "adt-tree", {}),  # the trees at a GPU's defaults (31 nodes), and at the earlier ones
-                ("adt-tree 60 nodes", "adt-tree", {"total_tokens": 60}),  # (60 nodes: CFG's verify two slices)
+                # (60 nodes: CFG's verify two slices; ADT-Tree's adaptation steps the CPU's, a GPU's until session 63)
+                ("adt-tree 60 nodes, CPU steps", "adt-tree", {"total_tokens": 60, **ADT_CPU_STEPS}),
+                ("adt-tree CPU steps", "adt-tree", ADT_CPU_STEPS),  # 31 nodes: the GPU steps' gain (image.md)
                 ("eagle2 60 nodes top-k 4", "eagle2", {"total_tokens": 60, "top_k": 4}),
                 # two levels more inside the one growth replay (TPF 5.16 -> 5.55 at 31 nodes, image.md): against the
                 # default row it times a drafter level, the step model's 0.066 ms (gpu.md)
