@@ -218,9 +218,9 @@ class LanternTreeOptions(LanternOptions, TreeOptions):
 class AdtOptions(Options):
     """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the shipped model's tree defaults."""
 
-    # on a GPU a drafter level costs ~5% of a 31-node step and the verify ~nothing more for its nodes: trees go deeper
-    # after most of a tree is accepted (beta 0.75), narrow and widen a step at a time and stay at most 7 wide; the
-    # seventh lease's step model: ~2.15x -> ~2.24x AR on gpu_graphs.py's 8 images, +1-2% on 24 others (image.md)
+    # on a GPU a drafter level costs a small part of a 31-node step and the verify nothing more for its nodes: trees go
+    # deeper after most of a tree is accepted (beta 0.75), narrow and widen a step at a time and stay at most 7 wide
+    # (the settings measured: docs/results/image.md, "ADT-Tree's options where a verify is free")
     beta: float = opt(1.0, POS_NUMBER, gpu=0.75)
     l_d: int = opt(1, int_at_least(0))
     l_k: int = opt(2, int_at_least(0), gpu=1)
