@@ -126,6 +126,7 @@ def decode(target, drafter, prompt: list[int], max_new_tokens: int, params, stop
 
 # the method table's lossless text methods (each equals AR of its own model: cllm's and pcllm's distilled one)
 LOSSLESS_TEXT = sorted(name for name, spec in METHODS.items() if spec.runs_on("text") and spec.lossless)
+LOSSLESS_IMAGE = sorted(name for name, spec in METHODS.items() if spec.runs_on("image") and spec.lossless)
 
 
 def method_drafter(name: str, seed: int = 0, gpu: bool = False, **options):

@@ -16,10 +16,9 @@ import torch
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.methods import METHODS
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import LOSSLESS_TEXT, method_drafter, tiny_model
+from tests.conftest import LOSSLESS_IMAGE, LOSSLESS_TEXT, method_drafter, tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -243,7 +242,7 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
     ar = images("ar")
     graphs.attach(im.model, "on")
     graphs.attach(im.drafter_net, "on")
-    for method in sorted(name for name, spec in METHODS.items() if spec.runs_on("image") and spec.lossless):
+    for method in LOSSLESS_IMAGE:
         got = images(method)
         assert [s.tokens for s in got] == [s.tokens for s in ar], method
     assert im.model.graphs.replays > 0

@@ -10,17 +10,16 @@ import torch
 
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.cost import measure_cost
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
+from tests.conftest import LOSSLESS_IMAGE, decode
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
 GRID = 4
-LOSSLESS_IMAGE = sorted(name for name, spec in METHODS.items() if spec.runs_on("image") and spec.lossless)
 OPTIONS = {"eagle2": {"depth": 3, "top_k": 3, "total_tokens": 8}, "adt-tree": {"total_tokens": 8, "k0": 3}}
 
 
