@@ -39,7 +39,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.devices import synchronize
 from specgen.eval.hf_rows import HfCompiled, generate_padded, one_token, timed_static_greedy
 from specgen.methods import run_batch
-from specgen.methods.options import GPU_DRAFT, MultiBlockOptions, NgramOptions, gpu_defaults
+from specgen.methods.options import GPU_DRAFT, AdtOptions, MultiBlockOptions, NgramOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs, sliced_linear, static_step
@@ -58,9 +58,10 @@ T0 = time.perf_counter()
 # issue 46's mesh goal row: lossless XSpecMesh's candidate tree, each head's best 9, 2, 1, 1 where the vertex memory
 # does not know (<= 63 nodes: one verify slice with the root; the best of 15 shapes decoded on the CPU, gpu.md)
 MESH_TREE = "9,2,1,1"
-# ADT-Tree's adaptation steps at their CPU defaults (a GPU's go deeper: options.AdtOptions), for the rows that time them
-ADT_CPU_STEPS = {"beta": 1.0, "l_k": 2, "k_max": 12}
 MESH_GOAL = f"xspecmesh criterion=rejection vertex_lookup candidate_tree={MESH_TREE}"
+# ADT-Tree's adaptation steps at their CPU defaults (a GPU's go deeper), for the rows that time them: every field
+# `AdtOptions` defaults otherwise on a GPU but the node budget
+ADT_CPU_STEPS = {k: getattr(AdtOptions(), k) for k in gpu_defaults(AdtOptions) if k != "total_tokens"}
 DEVICE = "cuda"  # --smoke: a tiny CPU run of every row (static steps uncaptured), to check the script itself
 
 
