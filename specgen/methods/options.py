@@ -89,7 +89,7 @@ class Options:
 
 @dataclass(frozen=True)
 class ArOptions(Options):
-    """AR (`ar`): `run_ahead` greedy steps a host read (text and images, temperature 0; decoding/run_ahead.py): the
+    """AR (`ar`): `run_ahead` greedy steps a host read (text and images, temperature 0; decoding/ar_steps.py): the
     same tokens, fewer host round trips where a step is a CUDA graph replay. 1: one step a read, as every method's."""
 
     run_ahead: int = opt(1, int_in(1, 64))

@@ -6,10 +6,10 @@ import random
 from array import array
 from dataclasses import dataclass, field
 
+from specgen.decoding.ar_steps import ArSteps
 from specgen.decoding.draft import Draft, Verdict, prefix_tree
 from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import StepPolicy
-from specgen.decoding.run_ahead import RunAhead
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.methods.ngram_cache import NgramCache
@@ -17,8 +17,9 @@ from specgen.methods.options import JacobiOptions, NgramOptions
 
 
 class EmptyDrafter(DrafterBase):
-    """Autoregressive decoding: every step verifies only the root, so it commits exactly one token; `run_ahead` > 1
-    (greedy): that many AR steps a loop step (`RunAhead`)."""
+    """Autoregressive decoding: the empty draft, so a step commits exactly one token; its rows run `ArSteps` (no
+    per-row drafts or verdicts), `run_ahead` > 1 (greedy): that many AR steps a loop step. Another method's pool
+    (XSpecMesh's AR) may ask it for the empty draft."""
 
     def __init__(self, run_ahead: int = 1) -> None:
         self.run_ahead = run_ahead
@@ -27,7 +28,7 @@ class EmptyDrafter(DrafterBase):
         return Draft.empty()
 
     def step_policy(self, make, target, rule, budget) -> StepPolicy:
-        return RunAhead(self.run_ahead) if self.run_ahead > 1 else super().step_policy(make, target, rule, budget)
+        return ArSteps(self.run_ahead)
 
 
 @dataclass

@@ -1,19 +1,28 @@
-"""`ar` with run_ahead K: K greedy AR steps a host read decode AR's tokens, eagerly and as graph replays; refusals."""
+"""`ar`'s step policy (`ArSteps`): the draft-verify of the empty draft's tokens, greedy and sampled; with run_ahead K, K
+greedy AR steps a host read decode AR's tokens, eagerly and as graph replays; refusals."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from specgen.decoding.budget import FixedBudget
+from specgen.decoding.draft_verify import DraftVerify, judge
+from specgen.decoding.loop import decode_batch
+from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.image.target import CFGTarget
 from specgen.eval.image_bench import ImageBenchConfig, checked_rows
 from specgen.methods import run_batch
+from specgen.methods.text import EmptyDrafter
 from specgen.models import graphs
 from specgen.request import parse_request
 from specgen.text.generate import TextGenConfig
 from tests.conftest import method_drafter, tiny_model
 from tests.decoding.test_batched import ragged_prompts
+from tests.image.helpers import tiny_image_gpt
 from tests.models.test_graphs import static_target, traced
 
 
@@ -23,6 +32,33 @@ def decode(target, prompts, n: int, run_ahead: int = 1, stop=(), batch_size: int
                     batch_size=batch_size, on_tokens=lambda i, toks: streamed[i].extend(toks))
     assert [streamed[i] for i in range(len(prompts))] == [r.tokens for r in res.results]  # streams what it returns
     return res
+
+
+def seeded(n: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(100 + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("modality", ["text", "image"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0),
+                                    SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "t1", "top-k-p"])
+def test_ar_steps_decode_what_the_draft_verify_of_the_empty_draft_decodes(modality, params):
+    """The `ar` policy against the generic step it replaces for AR (a drafter per row, verdicts, a budget): the same
+    tokens for every row, batched with refills, each row's own random stream; images through the CFG target."""
+    if modality == "text":
+        target, prompts, n = ModelTarget(tiny_model(2)), ragged_prompts(5, seed=6), 19
+    else:
+        target, prompts, n = CFGTarget(tiny_image_gpt(5), 3.0), [[0], [2], [1], [1], [2]], 16
+    generic = DraftVerify(EachRow(lambda i: EmptyDrafter()), judge, FixedBudget(256))
+    want = decode_batch(target, generic, prompts, n, params, generators=seeded(len(prompts)), batch_size=3)
+    got = run_batch(target, lambda i: EmptyDrafter(), prompts, n, params, generators=seeded(len(prompts)),
+                    batch_size=3)
+    assert [r.tokens for r in got.results] == [r.tokens for r in want.results]
+    assert all(len(r.tokens) == n for r in got.results)
+    if not params.greedy:  # the control: another stream draws other tokens
+        other = run_batch(target, lambda i: EmptyDrafter(), prompts, n, params, generators=seeded(len(prompts))[::-1],
+                          batch_size=3)
+        assert [r.tokens for r in other.results] != [r.tokens for r in got.results]
 
 
 @pytest.mark.parametrize("k,batch_size", [(2, 0), (3, 2), (8, 0)])

@@ -1,0 +1,69 @@
+"""AR's step policy: one forward a row a step, or at temperature 0 several, each step's argmax feeding the next on the
+device (`ar` run_ahead)."""
+
+from __future__ import annotations
+
+import torch
+
+from specgen.decoding.draft import Draft
+from specgen.decoding.pool import PolicyBase, RowStep
+from specgen.decoding.sampling import logits_to_probs, sample
+from specgen.decoding.target import Target, TargetOut
+from specgen.decoding.verify import Span
+from specgen.devices import host_tensor
+from specgen.models.cache import KVCache
+
+
+class ArSteps(PolicyBase):
+    """AR with `steps` AR steps in each loop step (greedy only when `steps` > 1), read on the host once: step j feeds
+    the argmax of step j - 1's logits without the host seeing it. Exact: step j is AR's forward at length n + j over
+    the same cache slots, its token AR's greedy pick (the argmax of the same logits), and the loop keeps every node, as
+    AR commits each; a sampled step draws its token as the draft-verify of an empty draft does (`accept_rejection`:
+    `sample` of the row's filtered distribution with its generator), so the streams are the same. A loop step runs no
+    more steps than the live row nearest its budget may still add, so no position passes a row's budget (nor so the
+    model's context); tokens past a stop token are cut by the loop, as a chunk's always are. Where a step is a CUDA
+    graph replay, the host's share of a token (staging, accept, commit, the loop) shrinks by ~`steps`; at one step
+    this policy is the draft-verify step without its per-row drafts, verdicts and budget (host work a row a step)."""
+
+    def __init__(self, steps: int = 1) -> None:
+        self.steps = self.max_feed = steps  # the last step writes `steps` slots past the committed ones
+        self.chunk = steps  # this loop step's count (`plan`)
+
+    def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
+        pass
+
+    def plan(self, seqs, budgets, stats, generators, params, clock) -> list[RowStep]:
+        self.chunk = min(self.steps, 1 + min(budgets))  # budgets[i]: tokens row i may still add beyond one
+        return [RowStep(seq[-1]) for seq in seqs]  # 1. every live row feeds its last token
+
+    def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
+        """2. `chunk` AR forwards over the rows [lo, hi) of `feeds`, nothing committed between them: each runs with its
+        rows' lengths advanced past the nodes before it, which stay where the commit keeps them."""
+        lo, hi, br = min(feeds), max(feeds) + 1, target.branches
+        view = cache.rows(lo * br, hi * br)
+        tokens = host_tensor([[feeds[i][0] if i in feeds else 0] for i in range(lo, hi)], target.device)  # [n, 1]
+        if self.chunk == 1:  # one step: no greedy pick to feed on, nothing to join (each an eager launch on CUDA)
+            out = target.forward(tokens, host_tensor([[p] for p in view.lengths[::br]], target.device), view, None)
+            return Span(view, out, (1,) * (hi - lo))  # logits [n, 1, V]
+        starts = host_tensor([[p] for p in view.lengths[::br]], target.device)  # [n, 1]: each root's position
+        lengths, outs = list(view.lengths), []
+        for j in range(self.chunk):
+            view.lengths = [n + j for n in lengths]
+            outs.append(target.forward(tokens, starts + j, view, None))
+            if j + 1 < self.chunk:
+                tokens = outs[-1].logits[:, -1:].argmax(-1)  # [n, 1]: AR's greedy pick, left on the device
+        view.lengths = lengths
+        out = TargetOut(torch.cat([o.logits for o in outs], 1), torch.cat([o.features for o in outs], 1))
+        return Span(view, out, (self.chunk,) * (hi - lo), self.chunk)  # logits [n, chunk, V]
+
+    def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
+        with clock("accept"):  # 3. the host's one read of `chunk` tokens a row
+            if params.greedy:
+                picked = out.picks()  # [n][chunk]
+            else:  # chunk 1: each row draws with its own generator, on the host (seeded streams)
+                probs = logits_to_probs(out.logits[:, 0], params).cpu()  # [n, V]
+                picked = [[sample(probs[i - lo], g)] for i, g in zip(rows, generators)]
+        for s in stats:
+            s.record(0, 0, 0)  # an AR step's record: no draft
+        keep = list(range(self.chunk))
+        return [(keep, picked[i - lo]) for i in rows]
