@@ -20,6 +20,7 @@ from specgen.mesh.pointcloud import point_cloud, validate_point_cloud
 from specgen.mesh.procedural import MESH_SUFFIXES, ProceduralSpec, generate_mesh, load_mesh, split_seeds
 from specgen.mesh.quantize import normalize_bbox
 from specgen.mesh.tokenizers import BPTTokenizer
+from specgen.methods.options import ArOptions
 from specgen.methods.xspecmesh import DEFAULT_TARGET, XSpecMeshOptions, load_mesh as load_mesh_parts
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
@@ -209,9 +210,10 @@ def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenCo
         if on_mesh is not None:
             on_mesh(i, samples[i])
 
+    ahead = req.options.run_ahead if isinstance(req.options, ArOptions) else 1  # `ar`'s greedy steps a host read
     results = loaded.decoder.generate_batch([torch.from_numpy(c.points).to(req.device) for c in conds], req.params,
                                             max_tokens, opts, gens, draft_gens,
-                                            cfg.batch_size, done, lambda i, new: tokens[i].extend(new))
+                                            cfg.batch_size, done, lambda i, new: tokens[i].extend(new), run_ahead=ahead)
     return [replace(samples[i], stats=step_summary(r.stats)) for i, r in enumerate(results)]
 
 

@@ -9,18 +9,18 @@ from typing import Callable
 import torch
 
 from specgen import checkpoints, registry
+from specgen.decoding.ar_steps import ArSteps
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.loop import DecodeResult, decode_batch
-from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
 from specgen.errors import CheckpointError, UsageError
 from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
-from specgen.methods.text import EmptyDrafter, lookup
+from specgen.methods.text import lookup
 from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.models.lora import merge_lora_state
@@ -37,26 +37,26 @@ class MeshDecoder:
     @torch.inference_mode()
     def generate_batch(self, pcs: list[torch.Tensor], params: SamplingParams, max_tokens: int,
                        opts: XSpecMeshOptions | None = None, generators=None, draft_generators=None,
-                       batch_size: int = 1, on_done=None, on_tokens=None) -> list[DecodeResult]:
+                       batch_size: int = 1, on_done=None, on_tokens=None, run_ahead: int = 1) -> list[DecodeResult]:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
         draft_generators[i] (head candidates), so its mesh does not depend on the batch. AR when there are no heads or
-        num_heads == 0."""
+        num_heads == 0 (`run_ahead`: its greedy steps a host read, `ar`'s option)."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:
             raise UsageError(f"num_heads {d_max} > the {self.heads.num_heads} heads of this checkpoint")
         draft_generators = list(draft_generators) if draft_generators is not None else [None] * len(pcs)
         target = MeshTarget(self.model, pcs)
-        pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators) if d_max else \
-            EachRow(lambda i: EmptyDrafter())  # AR: the empty draft on the same loop
-        budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
-            if opts.budget == "auto" and d_max else FixedBudget(d_max)
-        along = pool if d_max and pool.ahead else None  # the heads' candidates read with the accept's picks
-        step = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along)
+        step, nodes = ArSteps(run_ahead), 0  # AR: AR's own step policy, as text's and images'
+        if d_max:
+            pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators)
+            budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
+                if opts.budget == "auto" else FixedBudget(d_max)
+            along = pool if pool.ahead else None  # the heads' candidates read with the accept's picks
+            step, nodes = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along), pool.nodes
         batch = decode_batch(target, step, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
-                             generators, batch_size=batch_size, max_draft=pool.nodes if d_max else 0,
-                             on_done=on_done, on_tokens=on_tokens)
+                             generators, batch_size=batch_size, max_draft=nodes, on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)
 
     def _candidates(self, out: list[int], x: int, heads: Callable[[], Proposal], d: int, opts: XSpecMeshOptions,

@@ -3,9 +3,12 @@ greedy AR steps a host read decode AR's tokens, eagerly and as graph replays; re
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
+from specgen.decoding.ar_steps import ArSteps
 from specgen.decoding.budget import FixedBudget
 from specgen.decoding.draft_verify import DraftVerify, judge
 from specgen.decoding.loop import decode_batch
@@ -14,15 +17,21 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.image.target import CFGTarget
+from specgen.mesh.target import MeshTarget
 from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+from specgen.mesh.generate import MeshGenConfig
 from specgen.methods import run_batch
+from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter
+from specgen.methods.xspecmesh import MeshDecoder
+from specgen.methods.xspecmesh_pool import mesh_rule
 from specgen.models import graphs
 from specgen.request import parse_request
 from specgen.text.generate import TextGenConfig
 from tests.conftest import method_drafter, tiny_model
 from tests.decoding.test_batched import ragged_prompts
 from tests.image.helpers import tiny_image_gpt
+from tests.mesh.mesh_fixtures import procedural_clouds, tiny_mesh_model
 from tests.models.test_graphs import static_target, traced
 
 
@@ -38,27 +47,56 @@ def seeded(n: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(100 + i) for i in range(n)]
 
 
-@pytest.mark.parametrize("modality", ["text", "image"])
+@pytest.mark.parametrize("modality", ["text", "image", "mesh", "mesh lossless"])
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0),
                                     SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
                          ids=["greedy", "t1", "top-k-p"])
 def test_ar_steps_decode_what_the_draft_verify_of_the_empty_draft_decodes(modality, params):
-    """The `ar` policy against the generic step it replaces for AR (a drafter per row, verdicts, a budget): the same
-    tokens for every row, batched with refills, each row's own random stream; images through the CFG target."""
+    """AR's policy against the generic step it replaces (a drafter per row, verdicts, a budget): the same tokens for
+    every row, batched with refills, each row's own random stream; images through the CFG target, meshes under the
+    rules mesh AR judged its empty drafts by (the paper's criterion by default, rejection sampling)."""
+    rule, stop = judge, ()
     if modality == "text":
         target, prompts, n = ModelTarget(tiny_model(2)), ragged_prompts(5, seed=6), 19
-    else:
+    elif modality == "image":
         target, prompts, n = CFGTarget(tiny_image_gpt(5), 3.0), [[0], [2], [1], [1], [2]], 16
-    generic = DraftVerify(EachRow(lambda i: EmptyDrafter()), judge, FixedBudget(256))
-    want = decode_batch(target, generic, prompts, n, params, generators=seeded(len(prompts)), batch_size=3)
-    got = run_batch(target, lambda i: EmptyDrafter(), prompts, n, params, generators=seeded(len(prompts)),
-                    batch_size=3)
+    else:
+        clouds = procedural_clouds(range(11, 16))
+        target, prompts, n, stop = MeshTarget(tiny_mesh_model(), clouds), [[i] for i in range(5)], 40, (5120,)
+        opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1) if "lossless" in modality \
+            else XSpecMeshOptions()
+        rule = mesh_rule(opts, params, "cpu")
+    generic = DraftVerify(EachRow(lambda i: EmptyDrafter()), rule, FixedBudget(256))
+    want = decode_batch(target, generic, prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
+    got = decode_batch(target, ArSteps(), prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
     assert [r.tokens for r in got.results] == [r.tokens for r in want.results]
-    assert all(len(r.tokens) == n for r in got.results)
+    assert sum(len(r.tokens) for r in got.results) > 3 * len(prompts)
     if not params.greedy:  # the control: another stream draws other tokens
-        other = run_batch(target, lambda i: EmptyDrafter(), prompts, n, params, generators=seeded(len(prompts))[::-1],
-                          batch_size=3)
+        other = decode_batch(target, ArSteps(), prompts, n, params, stop, generators=seeded(len(prompts))[::-1],
+                             batch_size=3)
         assert [r.tokens for r in other.results] != [r.tokens for r in got.results]
+
+
+def test_mesh_run_ahead_decodes_what_mesh_ar_decodes():
+    """Meshes too: K greedy steps a host read, batched with refills, the end token met mid-chunk by some rows."""
+    model, clouds = tiny_mesh_model(), procedural_clouds(range(11, 16))
+    end = MeshDecoder(model, None).generate_batch(clouds[:1], SamplingParams(), 13)[0].tokens[-1]  # an end token met
+    decoder = MeshDecoder(model, None, eos_id=end)
+    ar = [r.tokens for r in decoder.generate_batch(clouds, SamplingParams(), 60, batch_size=2)]
+    got = [r.tokens for r in decoder.generate_batch(clouds, SamplingParams(), 60, batch_size=2, run_ahead=8)]
+    assert got == ar and any(len(t) % 8 and t[-1] == end for t in ar)  # the control: a row ends mid-chunk
+    cfg = MeshGenConfig(method="ar", method_options={"run_ahead": 8}, temperature=0.0)
+    assert parse_request(cfg, "mesh").options.run_ahead == 8
+
+
+def test_every_modalitys_ar_runs_ar_steps():
+    """One implementation of AR: the method table's drafter and the mesh decoder's AR both step with `ArSteps`."""
+    assert isinstance(EmptyDrafter().step_policy(None, None, judge, FixedBudget(0)), ArSteps)
+    seen = []
+    with mock.patch("specgen.methods.xspecmesh.decode_batch",
+                    lambda target, step, *a, **k: seen.append(step) or mock.Mock(results=[])):
+        MeshDecoder(tiny_mesh_model(), None).generate_batch(procedural_clouds([11]), SamplingParams(), 8)
+    assert isinstance(seen[0], ArSteps)
 
 
 @pytest.mark.parametrize("k,batch_size", [(2, 0), (3, 2), (8, 0)])
@@ -98,7 +136,6 @@ def test_run_ahead_steps_as_graph_replays_decode_what_eager_ar_decodes(capture, 
 
 @pytest.mark.parametrize("options,modality,temperature,message", [
     ({"run_ahead": 4}, "text", 0.7, "run_ahead .option of ar. needs --temperature 0"),
-    ({"run_ahead": 4}, "mesh", 0.0, "run_ahead .option of ar. is for text and image models"),
     ({"run_ahead": 0}, "text", 0.0, "run_ahead must be an integer in 1..64"),
     ({"run_ahead": 65}, "text", 0.0, "run_ahead must be an integer in 1..64"),
 ])
