@@ -163,7 +163,7 @@ class EachRow(PoolBase):
 class RowOut:
     """Row i of a batch forward's TargetOut, padding dropped: its `size` nodes on its `branches` feature rows. A
     drafter reads it as a TargetOut; each tensor view is made on its first read (a view is a host op, a few µs of a
-    GPU host's step, and most drafters read none: AR's, the n-gram's)."""
+    GPU host's step, and most drafters read none: the n-gram's)."""
 
     out: TargetOut
     i: int
