@@ -29,7 +29,7 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MAX_NAME = 100
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # no '+': `--model NAME+int8` reads it as a precision suffix
 DIGEST = "weights_digest"  # config.json key: the weights' tensors_digest, recorded once by `save`
 FILE = "weights_file"  # config.json key: [size, mtime_ns] of the weights file DIGEST was recorded for
 STALE_FOREIGN_S = 24 * 3600  # temporaries older than this are removed whoever wrote them (see remove_stale_temporaries)
@@ -53,13 +53,18 @@ def check_kind(kind: str) -> None:
 
 
 def check_name(name: str, what: str = "checkpoint name") -> str:
-    """A registry name: letters, digits, '.', '_', '+', '-' (not first), at most MAX_NAME characters."""
+    """A registry name: letters, digits, '.', '_', '-' (not first), at most MAX_NAME characters. '+' is refused:
+    every command that takes a model splits `NAME+int8` into NAME and a precision, so such an entry could never be
+    named."""
     if not isinstance(name, str) or not name:
         raise UsageError(f"empty {what}")
     if len(name) > MAX_NAME:
         raise UsageError(f"{what} is {len(name)} characters long; at most {MAX_NAME} are allowed")
+    if "+" in name:
+        raise UsageError(f"invalid {what} {name!r}: '+' marks a precision suffix (--model NAME+int8), so an entry "
+                         "named so could never be loaded; use '-' instead")
     if not NAME_RE.fullmatch(name):
-        raise UsageError(f"invalid {what} {name!r}: use letters, digits, '.', '_', '+' and '-' (not first)")
+        raise UsageError(f"invalid {what} {name!r}: use letters, digits, '.', '_' and '-' (not first)")
     return name
 
 

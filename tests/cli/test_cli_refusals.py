@@ -573,6 +573,8 @@ def pt_file(tiny):
     (["--name", "a\tb"], "invalid checkpoint name"),
     (["--name", "x" * 300], "at most 100"),
     (["--name", ".hidden"], "invalid checkpoint name"),
+    # it was registered, and then `--model m+int8` read as m at int8: an entry no command could load
+    (["--name", "m+int8"], "'+' marks a precision suffix"),
     (["--name", "ok", "--parent", "nothing-like-it"], "unknown parent checkpoint"),
 ])
 def test_registry_import_refusals(tiny, pt_file, extra, needle):
