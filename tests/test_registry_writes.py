@@ -237,6 +237,24 @@ def test_a_run_that_ships_a_builtin_reinstalls_it_from_its_package_folder(specge
     assert entry.meta["asset_sha"] == builtins.asset_fingerprint(builtins.BUILTINS["tiny-image-upsampler-2x"].asset)
 
 
+
+def test_a_run_never_ships_into_another_builtins_package_folder(specgen_home, monkeypatch, tmp_path):
+    """`train-heads --kind eagle name=mine ship_dir=specgen/assets/image/vq` trained and then wrote the drafter over
+    the shipped VQ's model.safetensors and config.json, the files every new home installs tiny-image-vq from."""
+    import shutil
+
+    from specgen import builtins
+    from specgen.train.checkpoint import check_outputs
+
+    assets = tmp_path / "assets"
+    shutil.copytree(builtins.ASSETS / "image" / "vq", assets / "image" / "vq")
+    monkeypatch.setattr(builtins, "ASSETS", assets)
+    for kind, name in (("draft", "mine"), ("draft", "tiny-image-vq"), ("vq", "other-vq")):
+        with pytest.raises(UsageError, match="is the package folder of built-in vq/tiny-image-vq"):
+            check_outputs([(kind, name, str(assets / "image" / "vq"))])
+    check_outputs([("vq", "tiny-image-vq", str(assets / "image" / "vq"))])  # the run that rebuilds it
+    check_outputs([("draft", "mine", str(assets / "image" / "mine"))])  # a new folder next to it
+
 OPS = st.one_of(
     st.tuples(st.just("import"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),
     st.tuples(st.just("train"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),

@@ -103,13 +103,28 @@ def ships_builtin(kind: str, name: str, ship: str) -> bool:
                 and Path(ship).resolve() == (builtins.ASSETS / b.asset).resolve())
 
 
+def shipped_in(ship: str) -> builtins.Builtin | None:
+    """The built-in whose package folder `ship` is, if any."""
+    where = Path(ship).resolve()
+    return next((b for b in builtins.BUILTINS.values() if b.asset and (builtins.ASSETS / b.asset).resolve() == where),
+                None)
+
+
 def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rename: str = "name=NEW") -> None:
     """Before training: each (kind, name, ship folder) to publish passes `registry.check_new`, bar rebuilt built-ins,
     and its ship folder can be made and written (`publish` registers first: a late refusal there left a registered
-    entry under a failed run); `rename` is how the command names another output."""
+    entry under a failed run) and is no other built-in's package folder; `rename` is how the command names another
+    output."""
     for kind, name, ship in outputs:
         if ship:  # written after training: a file or unwritable folder there would fail the finished run
             check_folder(Path(ship), "ship_dir")
+            # publish writes model.safetensors + config.json there: in another built-in's folder they would replace
+            # the files that built-in is installed from (only the run that rebuilds it, under its name, writes there)
+            owner = shipped_in(ship)
+            if owner and not ships_builtin(kind, name, ship):
+                raise UsageError(f"ship_dir {ship} is the package folder of built-in {owner.kind}/{owner.name}; only "
+                                 f"its own recipe (name={owner.name}) writes there: use another ship_dir, or "
+                                 "ship_dir= for none")
         if name and not ships_builtin(kind, name, ship):
             try:
                 registry.check_new(kind, name, force)
