@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import json
 import random
@@ -24,6 +25,7 @@ from specgen.paths import atomic_dir
 from specgen.text.target import open_text_model
 from specgen.text.trajectories import load_records, read_meta, tokenizer_hash
 from specgen.train import packing
+from specgen.train.checkpoint import StaleStateError
 from specgen.train.lora import apply_lora, lora_state, merge_lora
 from specgen.train.loop import (MIXED_PRECISION, At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask,
                                 check_choices)
@@ -162,6 +164,7 @@ class DistillTask(TrainTask):
     def __init__(self, cfg: DistillConfig, model, params: list, groups: list[list[dict]],
                  stop_ids: tuple[int, ...]) -> None:
         self.cfg, self.model, self.groups, self.stop_ids = cfg, model, groups, stop_ids
+        self.data = data_digest(groups)
         opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.modules = {"model": model}
         self.optims = {"optim": Optim(opt, lambda s: cosine_lr(s, cfg.steps, cfg.lr, cfg.lr * cfg.min_lr_ratio,
@@ -179,10 +182,26 @@ class DistillTask(TrainTask):
                                                 self.stop_ids)
         return losses["loss"], {k: float(losses[k].detach()) for k in ("loss", "pc", "ar")}
 
+    def meta(self) -> dict[str, Any]:
+        return {"data": self.data}
+
+    def restore(self, meta: dict[str, Any], progress: Progress) -> None:
+        # a batch is a function of the step and the records: on other records (the trajectory folder collected
+        # further, or re-collected, since) the resumed steps would train on other prompts than the first ones did,
+        # ending with weights that neither data would give; a state recording no digest (older specgen) is trusted
+        if meta.get("data", self.data) != self.data:
+            raise StaleStateError(f"{self.cfg.trajectories} holds other trajectories than the run in the state was "
+                                  "trained on (collected further or again since); use a fresh --out")
+
     def evaluate(self, progress: Progress) -> dict[str, Any]:
         """The history record of a log line: its mean losses and learning rate."""
         return {"step": progress.step, **{k: round(v, 5) for k, v in progress.last_log.items()},
                 "lr": self.optims["optim"].lr(progress.step - 1), "elapsed_s": round(progress.elapsed, 1)}
+
+
+def data_digest(groups: list[list[dict]]) -> str:
+    """sha256 (16 hex) of the records training reads, in their grouped order."""
+    return hashlib.sha256(json.dumps(groups, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def group_records(records: list[dict]) -> list[list[dict]]:

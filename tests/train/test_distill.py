@@ -85,6 +85,18 @@ def test_resume_after_interruption_is_exact(traj, tmp_path):
     assert [h["loss"] for h in whole["history"]] == pytest.approx([h["loss"] for h in resumed["history"]], rel=1e-4)
 
 
+
+def test_resume_on_other_trajectories_is_refused(traj, tmp_path):
+    """A stopped run resumed after the trajectory folder changed (collected further, or again) went on training on
+    other prompts per step, ending with weights neither data set gives; its state now records the records' digest."""
+    first = distill(config(traj, steps=20, max_minutes=1e-9, register=False), tmp_path / "part")
+    assert not first["finished"]
+    shards = sorted((traj / "shards").glob("*.parquet"))
+    assert len(shards) > 1
+    shards[-1].unlink()  # fewer prompts now
+    with pytest.raises(UsageError, match="holds other trajectories than the run in the state was trained on"):
+        distill(config(traj, steps=20, register=False), tmp_path / "part")
+
 def test_refuses_other_target_and_block_size(traj, tmp_path):
     save_tiny_text("other-text", seed=5, eos="^")  # another target with another tokenizer (eos differs)
     with pytest.raises(IncompatibleError, match=r"target/tiny-text \(tokenizer \w+\).*target/other-text \(tokenizer"):
