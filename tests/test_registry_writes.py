@@ -255,6 +255,20 @@ def test_a_run_never_ships_into_another_builtins_package_folder(specgen_home, mo
     check_outputs([("vq", "tiny-image-vq", str(assets / "image" / "vq"))])  # the run that rebuilds it
     check_outputs([("draft", "mine", str(assets / "image" / "mine"))])  # a new folder next to it
 
+
+def test_a_run_replaces_a_checkpoint_in_its_ship_dir_only_with_force(specgen_home, tmp_path):
+    """`train-upsampler ... name=mine ship_dir=./my-hf-model` trained and then wrote over that folder's
+    model.safetensors and config.json unasked; outputs are replaced only with --force, as registry entries are."""
+    from specgen.train.checkpoint import check_outputs
+
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "model.safetensors").write_bytes(b"x")
+    with pytest.raises(UsageError, match="ship_dir .*held already holds model.safetensors; pass --force"):
+        check_outputs([("upsampler", "mine", str(held))])
+    check_outputs([("upsampler", "mine", str(held))], force=True)
+    check_outputs([("upsampler", "mine", str(tmp_path / "new"))])  # a new or empty folder needs none
+
 OPS = st.one_of(
     st.tuples(st.just("import"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),
     st.tuples(st.just("train"), st.sampled_from([*SMALL_BUILTINS, "mine"]), st.booleans()),

@@ -125,6 +125,11 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rena
                 raise UsageError(f"ship_dir {ship} is the package folder of built-in {owner.kind}/{owner.name}; only "
                                  f"its own recipe (name={owner.name}) writes there: use another ship_dir, or "
                                  "ship_dir= for none")
+            # any other folder already holding a checkpoint: replaced only with --force, as a registry entry is
+            held = [f for f in ("model.safetensors", "config.json") if (Path(ship) / f).exists()]
+            if held and not force and not ships_builtin(kind, name, ship):
+                raise UsageError(f"ship_dir {ship} already holds {held[0]}; pass --force to replace it, or use "
+                                 "another ship_dir (ship_dir= for none)")
         if name and not ships_builtin(kind, name, ship):
             try:
                 registry.check_new(kind, name, force)
