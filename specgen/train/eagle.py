@@ -80,7 +80,10 @@ def generations(model: Transformer, n_per_class: int, cfg: EagleTrainConfig, see
                 ) -> dict[str, torch.Tensor]:
     """Cached target samples: tokens [M, N], labels [M] (class, or caption index in its file) and features
     [M, 2, N, D] (branch 0 cond, 1 null; fp16). With `captions` (t2i) they are cycled `n_per_class` times."""
-    key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}")
+    # gen_batch is part of the key: the rows of a batch draw from the one generator in turn at every step, so other
+    # batch sizes give other samples (a cache of another gen_batch would make a run's data depend on its history)
+    key = (f"{digest}-n{n_per_class}-cfg{cfg.cfg_scale}-t{cfg.temperature}-k{cfg.top_k}-p{cfg.top_p}-seed{seed}"
+           f"-b{cfg.gen_batch}")
     key += f"-cap{captions_sha}" if captions else ""
     path = Path(cfg.data_cache) / f"{key}.safetensors"
 
