@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.paths import ADVICE, check_space, nearest_existing, remove_empty_dirs, write_new
@@ -38,12 +39,14 @@ LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "v
 
 
 def table(title: str, rows: Iterable[dict], columns: list[str], console: Console = err) -> None:
-    """Render dict rows as a Rich table (missing values show as '-')."""
-    t = Table(title=title)
+    """Render dict rows as a Rich table (missing values show as '-'). Title and cells are plain Text: they hold
+    user-given names (a prompt set's category `[red]chat`, a row `ngram@a:b`, a file path) that Rich would
+    otherwise read as markup or emoji codes (`:b:`) and print changed."""
+    t = Table(title=Text(title))
     for c in columns:
         t.add_column(c, justify="left" if c in LEFT else "right")
     for r in rows:
-        t.add_row(*[fmt(r.get(c)) for c in columns])
+        t.add_row(*[Text(fmt(r.get(c))) for c in columns])
     if console.is_terminal:  # a terminal's width: Rich shortens what does not fit
         console.print(t)
         return

@@ -27,3 +27,12 @@ def test_a_table_written_to_a_file_keeps_every_column_name_whole():
 def test_a_table_on_a_narrow_terminal_is_shortened_to_its_width():
     text = rendered(terminal=True)
     assert "…" in text and not all(c in text for c in COLUMNS)  # the control: the same rows, cut to 80 columns
+
+
+def test_names_in_a_table_are_printed_as_given_not_read_as_markup_or_emoji():
+    # a prompt set's categories and row names are the user's text: `[red]` is no style, `:b:` no emoji
+    console = Console(file=io.StringIO(), width=80, force_terminal=False, soft_wrap=True)
+    _output.table("of [bold]p.jsonl", [{"method": "ngram@a:b:c", "category": "[red]chat"}], ["category", "method"],
+                  console)
+    text = console.file.getvalue()
+    assert "[red]chat" in text and "ngram@a:b:c" in text and "of [bold]p.jsonl" in text
