@@ -16,13 +16,14 @@ from cli._options import Format
 from specgen import devices
 from specgen.config import load_config, read_recipe
 from specgen.errors import UsageError
-from specgen.eval.dry_run import check_recipe, picked_rows
+from specgen.eval.dry_run import check_recipe, picked_rows, row
 from specgen.eval.graph_use import timed_note
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
                                       write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
-from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.run_dir import (Grid, RunDir, RunNotFinished, Shard, launcher_shard, other_files, parse_shard,
+                                  wait_for_ranks)
 from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, check_row_models, measure, plan, resolved_of,
                                      rows_of, skipped_rows)
 from specgen.image.generate import load_image_model
@@ -282,10 +283,11 @@ def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append:
         _output.err.print(note, markup=False, soft_wrap=True)
 
 
-def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt) -> None:
-    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone) as a table
-    (or JSON); exit 1 when one fails."""
-    rows = check_recipe(config, overrides, explicit)
+def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt, run_dir: Path | None = None,
+                  shard: str | None = None, out: Path | None = None, append: bool = False) -> None:
+    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone) and those of
+    where the run writes (`place_checks`) as a table (or JSON); exit 1 when one fails."""
+    rows = check_recipe(config, overrides, explicit) + place_checks(run_dir, shard, out, append)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:
@@ -293,6 +295,38 @@ def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: di
                       ["check", "ok", "detail"], _output.out)
     if not all(r["ok"] for r in rows):
         raise typer.Exit(1)
+
+
+def place_checks(run_dir: Path | None, shard: str | None, out: Path | None, append: bool) -> list[dict]:
+    """--shard, --run-dir and --out (--append) checked as the run checks them before its work, one row each given: a
+    job's own line dry-run first (`--run-dir runs/x --shard $ID/8`) must not pass what the job then refuses. Nothing
+    is written (an earlier run's config is compared when the run opens the folder)."""
+    def run_dir_detail() -> str:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise UsageError(f"--run-dir {run_dir} is a file; name a folder (new or from an earlier run)")
+        if foreign := other_files(run_dir):
+            raise UsageError(f"--run-dir {run_dir} holds files of no specgen run ({foreign}) and no run.json")
+        if (run_dir / "run.json").exists():
+            return f"{run_dir}: an earlier {RunDir.existing(run_dir).suite} run, resumed if its config is this one"
+        return f"{run_dir}: a new run"
+
+    def shard_detail() -> str:
+        this, _ = shard_of(shard, run_dir)
+        return f"{this.index}/{this.count}"
+
+    def out_detail() -> str:
+        _output.check_rows_path(out, append)
+        return f"{out}: rows {'appended' if append and out.is_file() else 'in a new file'}"
+
+    checks = []
+    for name, given, detail in (("shard", shard is not None, shard_detail), ("run-dir", run_dir is not None,
+                                run_dir_detail), ("out", out is not None or append, out_detail)):
+        if given:
+            try:
+                checks.append(row(name, True, detail()))
+            except UsageError as e:
+                checks.append(row(name, False, str(e).splitlines()[0]))
+    return checks
 
 
 def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:

@@ -166,3 +166,25 @@ def test_a_row_skipped_when_a_run_started_stays_skipped_on_resume(tiny_target, t
     assert r.exit_code == 0 and [row["method"] for row in json.loads(r.stdout)] == ["ar"], r.output
     assert "hf-assisted row skipped: no draft model" in r.stderr and "when this shard's run started" in r.stderr
     assert invoke("benchmark", "report", str(run)).exit_code == 0
+
+
+def test_a_dry_run_checks_where_the_run_writes(tiny_target, tmp_path):  # noqa: F811
+    """`--dry-run` of a job's own line passed `--shard 5/2`, `--shard 0/2` without `--run-dir`, an existing `--out`
+    and a `--run-dir` of foreign files, each of which the job then refused: they are checks of the dry run now."""
+    path = write(tmp_path, [{"prompt": "HELLO WORLD"}])
+    (tmp_path / "rows.jsonl").write_text("")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    line = ["benchmark", "--suite", "text", "--model", "tiny-text", "--prompts", str(path), "--methods", "ar",
+            "--dry-run", "--format", "json"]
+    for extra, check, why in ((["--shard", "5/2", "--run-dir", str(tmp_path / "r")], "shard", "0 <= I < N"),
+                              (["--shard", "0/2"], "shard", "needs --run-dir"),
+                              (["--out", str(tmp_path / "rows.jsonl")], "out", "already exists"),
+                              (["--run-dir", str(tmp_path / "foreign")], "run-dir", "no specgen run")):
+        r = invoke(*line, *extra)
+        rows = {row["check"]: row for row in json.loads(r.stdout)}
+        assert r.exit_code == 1 and not rows[check]["ok"] and why in rows[check]["detail"], (extra, r.output)
+    r = invoke(*line, "--shard", "1/2", "--run-dir", str(tmp_path / "new"), "--out", str(tmp_path / "new.jsonl"))
+    rows = {row["check"]: row for row in json.loads(r.stdout)}
+    assert r.exit_code == 0 and rows["shard"]["ok"] and rows["run-dir"]["ok"] and rows["out"]["ok"], r.output
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new.jsonl").exists()  # a dry run writes nothing
