@@ -132,6 +132,10 @@ def benchmark(
     if given_suite and named and {suite, named} - set(TEXT) and suite != named:  # humaneval and text share keys
         raise UsageError(f"--suite {suite} contradicts suite: {named} (the recipe's or an override's): the {named} "
                          f"benchmark's keys are not the {suite} suite's; drop one of them")
+    filed = recipe_key(config, None, "suite")  # an override's suite against the recipe's, as --suite's above
+    if named is not None and filed is not None and {named, filed} - set(TEXT) and named != filed:
+        raise UsageError(f"suite={named} contradicts the recipe's suite: {filed}: the {filed} benchmark's keys are "
+                         f"not the {named} suite's; drop the override or give a recipe of that suite")
     suite = suite if suite is not None else named if named is not None else "humaneval"  # "": no suite (refused)
     if suite not in SUITES:
         raise UnknownNameError("suite", suite, list(SUITES))

@@ -1056,3 +1056,17 @@ def test_generate_help_states_each_modalitys_defaults_as_the_configs_hold_them()
     assert f"images (default {DEFAULT_NUM}, or one per caption)" in text
     assert f"meshes (default {MeshGenConfig.num};" in text and f"(default {ImageGenConfig.cfg_scale:g})" in text
     assert f"[text, mesh] Token budget per sequence (text: {TextGenConfig.max_new_tokens};" in text
+
+
+def test_a_suite_override_contradicting_the_recipe_is_refused_naming_both(tmp_path):
+    """`--config bench-humaneval.yaml suite=images` was refused as 'a recipe for `specgen benchmark` ...; run it with
+    that command', the command it was given to: the contradiction is named, as --suite's is."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    recipe = tmp_path / "he.yaml"
+    recipe.write_text("# specgen benchmark --config he.yaml\nsuite: humaneval\nlimit: 2\noffset: 0\n")
+    r = CliRunner().invoke(app, ["benchmark", "--config", str(recipe), "suite=images"])
+    assert r.exit_code == 2 and "suite=images contradicts the recipe's suite: humaneval" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
