@@ -22,8 +22,7 @@ from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
                                       write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
-from specgen.eval.run_dir import (Grid, RunDir, RunNotFinished, Shard, launcher_shard, other_files, parse_shard,
-                                  wait_for_ranks)
+from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, check_row_models, measure, plan, resolved_of,
                                      rows_of, skipped_rows)
 from specgen.image.generate import load_image_model
@@ -302,10 +301,7 @@ def place_checks(run_dir: Path | None, shard: str | None, out: Path | None, appe
     job's own line dry-run first (`--run-dir runs/x --shard $ID/8`) must not pass what the job then refuses. Nothing
     is written (an earlier run's config is compared when the run opens the folder)."""
     def run_dir_detail() -> str:
-        if run_dir.exists() and not run_dir.is_dir():
-            raise UsageError(f"--run-dir {run_dir} is a file; name a folder (new or from an earlier run)")
-        if foreign := other_files(run_dir):
-            raise UsageError(f"--run-dir {run_dir} holds files of no specgen run ({foreign}) and no run.json")
+        RunDir.check_place(run_dir)
         if (run_dir / "run.json").exists():
             return f"{run_dir}: an earlier {RunDir.existing(run_dir).suite} run, resumed if its config is this one"
         return f"{run_dir}: a new run"

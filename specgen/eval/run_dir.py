@@ -126,16 +126,7 @@ class RunDir:
         that differ, each as `spelled` gives it: key -> the option that set it), another `resolved` plan (an edited
         prompt file) or files and no run (`--run-dir .`) is refused before anything is written."""
         path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
-        probe = nearest_existing(path)  # missing parents are made (`--run-dir runs/he` in a checkout without runs/)
-        if not probe.is_dir():
-            raise UsageError(f"--run-dir {path}: {probe} is a file, not a folder")
-        check_space(probe, f"--run-dir {path}")  # read-only or full: before the work
-        foreign = other_files(path)
-        if foreign:
-            raise UsageError(f"--run-dir {path} holds files of no specgen run ({foreign}) and no run.json; name a "
-                             "new or empty folder for the run (or the folder of an earlier run to resume it)")
+        cls.check_place(path)
         made = [p for p in (path, *path.parents) if not p.exists()]  # (missing parents included)
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path, suite, config, resolved)
@@ -165,6 +156,21 @@ class RunDir:
                              f"{new.get(key, '<unset>')!r}; an edited prompt file?); restore them to resume, or name "
                              "a new folder")
         return run
+
+    @staticmethod
+    def check_place(path: Path) -> None:
+        """What `open` refuses before it writes (also a dry run's check): a file, a folder under a file, a read-only
+        or full disk, a folder of files and no run."""
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--run-dir {path} is a file; name a folder (new or from an earlier run)")
+        probe = nearest_existing(path)  # missing parents are made (`--run-dir runs/he` in a checkout without runs/)
+        if not probe.is_dir():
+            raise UsageError(f"--run-dir {path}: {probe} is a file, not a folder")
+        check_space(probe, f"--run-dir {path}")  # read-only or full: before the work
+        foreign = other_files(path)
+        if foreign:
+            raise UsageError(f"--run-dir {path} holds files of no specgen run ({foreign}) and no run.json; name a "
+                             "new or empty folder for the run (or the folder of an earlier run to resume it)")
 
     @classmethod
     def existing(cls, path: Path) -> "RunDir":
