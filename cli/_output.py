@@ -35,6 +35,13 @@ def emit_json(obj: Any) -> None:
     print(json.dumps(obj, default=str), flush=True)
 
 
+def emit_text(text: str, end: str = "\n") -> None:
+    """A result (a completion, a file's path) on stdout byte for byte: Rich's print would read `[...]` as markup,
+    `:smile:` as an emoji code, expand tabs and drop control characters, so a generated Makefile or a folder named
+    `runs [a]` would come out altered."""
+    print(text, end=end, flush=True)
+
+
 LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "value")  # columns of words, not numbers
 
 

@@ -55,7 +55,7 @@ def run(args, spec: MethodSpec) -> None:
             _output.emit_json({"prompt": r.prompt, "completion": r.completion, "method": spec.name,
                                "model": tm.entry.ref, "token_ids": r.token_ids, "stats": r.stats})
         else:
-            _output.out.print(r.completion, markup=False, end="\n\n")
+            _output.emit_text(r.completion, end="\n\n")
     if not args.quiet and (args.fmt == Format.table or sink is not None):  # streamed: no JSON results hold them
         _output.table(f"{spec.name} on {tm.entry.ref}", [{"method": spec.name, **r.stats} for r in results],
                       STAT_COLUMNS)

@@ -123,3 +123,22 @@ def test_streamed_json_lines_keep_their_stats_on_stderr(tiny):
     r = gen("ar", "--stream", "--format", "json")
     assert r.exit_code == 0 and {json.loads(line)["row"] for line in r.stdout.splitlines()} == {0, 1, 2}
     assert "ar on target/tiny-text" in r.stderr
+
+
+def test_a_piped_completion_is_printed_as_generated(tiny, monkeypatch):
+    """Completions printed whole (a pipe, table format) went through Rich: a tab came out as spaces, `:smile:` as an
+    emoji and `[b]` as markup, so generated code (a Makefile's tabs) was altered on stdout."""
+    import dataclasses
+
+    from cli import generate_text
+
+    real = generate_text.generate_text
+    odd = "\tall: [b]x[/b] :smile: \x07"
+
+    def altered(*args, **kw):
+        return [dataclasses.replace(r, completion=odd + r.completion) for r in real(*args, **kw)]
+
+    monkeypatch.setattr(generate_text, "generate_text", altered)
+    r = gen("ar", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.count(odd) == 3 and r.stdout.endswith("\n\n")
