@@ -46,14 +46,14 @@ LEFT = ("method", "prompt", "name", "kind", "ref", "check", "detail", "item", "v
 
 
 def table(title: str, rows: Iterable[dict], columns: list[str], console: Console = err) -> None:
-    """Render dict rows as a Rich table (missing values show as '-'). Title and cells are plain Text: they hold
-    user-given names (a prompt set's category `[red]chat`, a row `ngram@a:b`, a file path) that Rich would
-    otherwise read as markup or emoji codes (`:b:`) and print changed."""
-    t = Table(title=Text(title))
+    """Render dict rows as a Rich table (missing values show as '-'). Title and cells are text as given: a str would
+    be read as markup and emoji codes, so a user-given name or path (a category `[red]chat`, a row `ngram@a:b`,
+    `SPECGEN_HOME="runs [a]"`) printed changed."""
+    t = Table(title=Text(title, style="table.title"))
     for c in columns:
         t.add_column(c, justify="left" if c in LEFT else "right")
     for r in rows:
-        t.add_row(*[Text(fmt(r.get(c))) for c in columns])
+        t.add_row(*[console.render_str(fmt(r.get(c)), markup=False, emoji=False) for c in columns])
     if console.is_terminal:  # a terminal's width: Rich shortens what does not fit
         console.print(t)
         return

@@ -105,3 +105,13 @@ def test_env_refuses_json_with_format_table():
                                                  "give one of them"]
     r = runner.invoke(app, ["env", "--json", "--format", "json"])
     assert r.exit_code == 0 and "devices" in json.loads(r.stdout), r.output
+
+
+def test_env_table_shows_paths_as_they_are(tmp_path, monkeypatch):
+    """Table cells went through Rich markup: a cache folder named `home [a]` showed as `home` (and `:smile:` as an
+    emoji), naming a folder that is not the one in use."""
+    home = tmp_path / "home [a] :smile:"
+    monkeypatch.setenv("SPECGEN_HOME", str(home))
+    r = runner.invoke(app, ["env"])
+    assert r.exit_code == 0, r.output
+    assert str(home) in r.stdout
