@@ -67,7 +67,7 @@ def run(args, spec: MethodSpec) -> None:
             for p, s in zip(paths, samples)], "grid": str(paths[-1]), "stats": summary})
         return
     for p in paths:
-        _output.out.print(str(p))
+        _output.emit_text(str(p))  # as given: Rich would read a folder such as `out [a]` as markup
     if not args.quiet:
         lossy = "" if spec.lossless else ", LOSSY"  # the target's own distribution, or not (README's method table)
         _output.table(f"{spec.name} on {model} (cfg {cfg.cfg_scale}, T={cfg.temperature}{lossy})", [summary],

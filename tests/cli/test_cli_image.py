@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -371,3 +372,13 @@ def test_a_batched_runs_rates_are_over_its_wall_time(tiny_image):
     stats = json.loads(r.stdout)["stats"]
     assert stats["tokens_per_s"] == pytest.approx(stats["new_tokens"] / stats["wall_s"], rel=1e-2)
     assert stats["images_per_s"] == pytest.approx(2 / stats["wall_s"], rel=1e-2) and "latency_s" not in stats
+
+
+def test_the_paths_on_stdout_are_the_files_written(tiny_image):
+    """The PNG paths went to stdout through Rich markup: with -o "out [a]" they read `out /...`, files that do not
+    exist, for whoever pipes them on."""
+    r = runner.invoke(app, ["generate", "--model", "t-gpt", "--num", "1", "--method", "ar", "-q",
+                            "-o", str(tiny_image / "out [a] :smile:")])
+    assert r.exit_code == 0, r.output
+    paths = r.stdout.splitlines()
+    assert len(paths) == 2 and all(os.path.isfile(p) for p in paths), paths
