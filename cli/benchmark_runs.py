@@ -140,7 +140,7 @@ class ImageSuite:
         pixels = {k: px for k, px in pixels.items() if k in kept}
         files = write_outputs(rows, pixels, Path(cfg.out_dir)) if cfg.out_dir else []
         if files and not quiet:
-            _output.err.print("wrote " + ", ".join(str(f) for f in files))
+            _output.err.print("wrote " + ", ".join(str(f) for f in files), markup=False)
         return [{**r, "model": cfg.model} for r in rows]
 
     def tables(self, rows: list[dict], cfg, sink) -> list[Table]:

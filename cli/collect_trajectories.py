@@ -65,7 +65,7 @@ def collect_trajectories(
         if extra:
             raise UsageError(f"--merge only merges the shards in --out; {extra[0]} would be ignored")
         path = merge_shards(out)
-        _output.emit_json({"merged": str(path)}) if fmt == Format.json else _output.out.print(str(path))
+        _output.emit_json({"merged": str(path)}) if fmt == Format.json else _output.emit_text(str(path))
         return
     cfg = load_config(CollectConfig, config, overrides, **given)
     # the model name's precision (+bf16, +int8) where no dtype was given: the config's float32 is only a default
