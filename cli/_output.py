@@ -92,7 +92,7 @@ def progress(description: str, total: int | None, quiet: bool = False):
 def item_done(what: str, done: int, total: int, detail, quiet: bool = False) -> None:
     """One stderr line as an item of a run (an image, a mesh) is done: `image 3/8: path`."""
     if not quiet:
-        err.print(f"{what} {done}/{total}: {detail}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"{what} {done}/{total}: {detail}", markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ EPILOG_IMPORT = """examples:
 
   specgen registry import weights.pt --name my-gpt --builder transformer --kwargs cfg.json
 
-  specgen registry import t2i_XL_stage1_256.pt --name t2i-xl --builder llamagen-gpt --kwargs t2i.json --vq vq16
+  specgen registry import t2i_XL_stage1_256.pt --name t2i-xl --builder llamagen-gpt --kwargs t2i.json --vq vq16-t2i
 """
 
 

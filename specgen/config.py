@@ -54,6 +54,8 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
 def read_recipe(p: Path) -> dict:
     """A recipe file's mapping, `RECIPE_RELATIVE` paths joined to its folder; unreadable, non-UTF-8, malformed or
     non-mapping files are usage errors."""
+    if p.is_dir():
+        raise UsageError(f"config file {p} is a folder; name a recipe file in it (recipes/tiny/*.yaml)")
     if not p.is_file():
         raise UsageError(f"config file not found: {p}")
     try:

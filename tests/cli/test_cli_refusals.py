@@ -358,6 +358,7 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     ([*IMG, "classes=coffee"], "override 'classes=coffee': classes takes a list, e.g. [coffee], not 'coffee'"),
     (["benchmark", "--suite", "images", "temperatures=0.5"], "temperatures takes a list, e.g. [0.5], not 0.5"),
     (["benchmark", "--config", "binary.yaml"], "is not UTF-8"),
+    (["benchmark", "--config", ROOT / "recipes/tiny"], "is a folder; name a recipe file in it"),  # was "not found"
     (["distill", "--out", "run", "--config", "list.yaml"], "must be a mapping"),
     (["train-heads", "--out", "run", "lora_targets={a: 1}"], "lora_targets"),
     (["train-heads", "--out", "run", *QUICK_HEADS, "ship_dir=binary.yaml"], "ship_dir: binary.yaml is a file"),

@@ -126,7 +126,7 @@ def test_train_heads_eagle_on_a_t2i_target(t2i_registry):  # noqa: F811
     assert entry.meta["captions_sha"] == sha and entry.meta["train_config"]["captions"] == str(caps)
     assert checkpoints.load_module(entry).cfg.n_cond == N_COND
     assert sorted(p.name.split("-seed")[1] for p in (t2i_registry / "cache").iterdir()) == [
-        f"1-cap{sha}.safetensors", f"2-cap{sha}.safetensors"]  # train and held-out seeds, keyed by the captions
+        f"1-b8-cap{sha}.safetensors", f"2-b8-cap{sha}.safetensors"]  # train, held-out seeds; gen_batch, captions
     log = (out / "train.log").read_text()
     assert "8 training rows" in log  # 2 captions x samples_per_class 2 x 2 branches
 
