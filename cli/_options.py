@@ -26,7 +26,13 @@ def given_path(value: str, way_on: str) -> str:
 
 
 def out_path(value: str) -> Path:
-    return Path(given_path(value, "name a folder, or . for this one"))
+    """An output path option's value; `-` is refused: it names stdin/stdout elsewhere on this command line (`--prompts
+    -`, `export-mesh -`), so `--out -` asks for the results on stdout, where it made a file or folder named `-` unsaid
+    (results reach stdout with --format json; `./-` still names such a file)."""
+    if given_path(value, "name a folder, or . for this one") == "-":
+        raise typer.BadParameter("- is no stdout here: this option names a file or folder to write (the results are on "
+                                 "stdout with --format json); for a path named '-', give ./-")
+    return Path(value)
 
 
 def in_path(value: str) -> Path:

@@ -1071,3 +1071,16 @@ def test_a_suite_override_contradicting_the_recipe_is_refused_naming_both(tmp_pa
     r = CliRunner().invoke(app, ["benchmark", "--config", str(recipe), "suite=images"])
     assert r.exit_code == 2 and "suite=images contradicts the recipe's suite: humaneval" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [
+    # --dry-run, --merge and a bad key (nosuch=1): without the refusal each stops at once rather than running
+    ["benchmark", "--dry-run", "--out", "-"], ["benchmark", "report", "run", "--out", "-"],
+    ["benchmark", "--dry-run", "--run-dir", "-"], ["generate", "--model", "tiny-text", "--prompt", "hi", "-o", "-"],
+    ["export-mesh", "-o", "-"], ["collect-trajectories", "--merge", "--out", "-"], ["distill", "nosuch=1", "-o", "-"],
+    ["train-heads", "nosuch=1", "-o", "-"], ["train-upsampler", "nosuch=1", "--out", "-"],
+], ids=lambda a: " ".join(a[:1] + a[-2:-1]))
+def test_a_dash_output_path_is_refused_not_made_a_file_named_dash(tiny, args):
+    """`-` is stdin for --prompts and export-mesh; `benchmark --out -` wrote the rows into a new file named `-` (and
+    the folder options made a folder so) where the reader meant stdout."""
+    check_refusal(tiny, args, 2, "- is no stdout here")
