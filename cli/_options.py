@@ -65,8 +65,13 @@ ModelOpt = Annotated[Optional[str], typer.Option("--model", "-m", help="Target: 
 #: specgen.methods here would load the decoding stack before any command runs)
 METHOD_NAMES = {"text": ("jacobi", "ngram", "cllm", "pcllm", "pcllm-mr"),
                 "image": ("eagle2", "adt-tree", "lantern", "adt-tree+lantern", "vvs", "mulo-sd"), "mesh": ("xspecmesh",)}
+#: how `--help` marks a method that does not keep the target's distribution (METHODS' lossless=False; the same test
+#: checks it), as the README's method table does: xspecmesh is lossy by default, lossless with criterion=rejection
+LOSSY_NOTES = {"lantern": "LOSSY", "adt-tree+lantern": "LOSSY", "vvs": "LOSSY", "mulo-sd": "LOSSY",
+               "xspecmesh": "LOSSY unless method_options.criterion=rejection"}
 MethodOpt = Annotated[Optional[str], typer.Option("--method", help="Decoding method: ar (the default; every modality); "
-                      + "; ".join(f"{m} {', '.join(names)}" for m, names in METHOD_NAMES.items())
+                      + "; ".join(f"{m} " + ", ".join(f"{n} ({LOSSY_NOTES[n]})" if n in LOSSY_NOTES else n
+                                                      for n in names) for m, names in METHOD_NAMES.items())
                       + " (README, Methods; docs/methods/).")]
 DtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Weights/activations/KV cache: float32, bfloat16 or float16 (quantized text: bfloat16 "

@@ -1043,6 +1043,20 @@ def test_generate_help_lists_every_method_by_modality():
     assert r.exit_code == 0 and "image eagle2, adt-tree, lantern" in r.stdout and "see `specgen generate" not in r.stdout
 
 
+def test_generate_help_labels_each_lossy_method_lossy():
+    """`--method`'s help listed lantern, adt-tree+lantern, vvs, mulo-sd and xspecmesh beside the lossless methods with
+    no mark (README's method table and every results table say LOSSY); each lossy method of METHODS is marked there."""
+    from cli._options import LOSSY_NOTES
+    from specgen.methods import METHODS
+
+    assert sorted(LOSSY_NOTES) == sorted(n for n, s in METHODS.items() if not s.lossless)
+    r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "400"})
+    text = " ".join(r.stdout.replace("│", " ").split())
+    for name, note in LOSSY_NOTES.items():
+        assert f" {name} ({note})" in text, name
+    assert "adt-tree, lantern (LOSSY)" in text and "eagle2 (" not in text and "ngram (" not in text
+
+
 def test_generate_help_states_each_modalitys_defaults_as_the_configs_hold_them():
     """--temperature's help was "0 = greedy." (the defaults differ by modality: 0, 1, 0.5), --num and --cfg-scale
     named no default, --max-new-tokens no modality; the defaults the help names are the configs' own."""
