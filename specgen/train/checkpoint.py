@@ -98,13 +98,14 @@ def shipped_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def ships_builtin(kind: str, name: str, ship: str) -> bool:
     """A run that rebuilds built-in <kind>/<name>: it writes that built-in's package folder (`ship`)."""
-    b = builtins.BUILTINS.get(name)
-    return bool(b and ship and b.asset and b.kind == kind
-                and Path(ship).resolve() == (builtins.ASSETS / b.asset).resolve())
+    b = shipped_in(ship)
+    return bool(b and b.name == name and b.kind == kind)
 
 
 def shipped_in(ship: str) -> builtins.Builtin | None:
-    """The built-in whose package folder `ship` is, if any."""
+    """The built-in whose package folder `ship` is, if any (each built-in has a folder of its own)."""
+    if not ship:
+        return None
     where = Path(ship).resolve()
     return next((b for b in builtins.BUILTINS.values() if b.asset and (builtins.ASSETS / b.asset).resolve() == where),
                 None)
@@ -116,21 +117,23 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rena
     entry under a failed run) and is no other built-in's package folder; `rename` is how the command names another
     output."""
     for kind, name, ship in outputs:
+        rebuilds = ships_builtin(kind, name, ship)
         if ship:  # written after training: a file or unwritable folder there would fail the finished run
             check_folder(Path(ship), "ship_dir")
-            # publish writes model.safetensors + config.json there: in another built-in's folder they would replace
-            # the files that built-in is installed from (only the run that rebuilds it, under its name, writes there)
+        if ship and not rebuilds:
+            # publish writes the weights and config.json there: in another built-in's folder they would replace the
+            # files that built-in is installed from (only the run that rebuilds it, under its name, writes there)
             owner = shipped_in(ship)
-            if owner and not ships_builtin(kind, name, ship):
+            if owner:
                 raise UsageError(f"ship_dir {ship} is the package folder of built-in {owner.kind}/{owner.name}; only "
                                  f"its own recipe (name={owner.name}) writes there: use another ship_dir, or "
                                  "ship_dir= for none")
             # any other folder already holding a checkpoint: replaced only with --force, as a registry entry is
-            held = [f for f in ("model.safetensors", "config.json") if (Path(ship) / f).exists()]
-            if held and not force and not ships_builtin(kind, name, ship):
+            held = [f for f in (registry.WEIGHTS, registry.CONFIG) if (Path(ship) / f).exists()]
+            if held and not force:
                 raise UsageError(f"ship_dir {ship} already holds {held[0]}; pass --force to replace it, or use "
                                  "another ship_dir (ship_dir= for none)")
-        if name and not ships_builtin(kind, name, ship):
+        if name and not rebuilds:
             try:
                 registry.check_new(kind, name, force)
             except UsageError as e:
