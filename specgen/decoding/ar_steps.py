@@ -42,10 +42,9 @@ class ArSteps(PolicyBase):
         lo, hi, br = min(feeds), max(feeds) + 1, target.branches
         view = cache.rows(lo * br, hi * br)
         tokens = host_tensor([[feeds[i][0] if i in feeds else 0] for i in range(lo, hi)], target.device)  # [n, 1]
-        if self.chunk == 1:  # one step: no greedy pick to feed on, nothing to join (each an eager launch on CUDA)
-            out = target.forward(tokens, host_tensor([[p] for p in view.lengths[::br]], target.device), view, None)
-            return Span(view, out, (1,) * (hi - lo))  # logits [n, 1, V]
         starts = host_tensor([[p] for p in view.lengths[::br]], target.device)  # [n, 1]: each root's position
+        if self.chunk == 1:  # one step: no greedy pick to feed on, nothing to join (each an eager launch on CUDA)
+            return Span(view, target.forward(tokens, starts, view, None), (1,) * (hi - lo))  # logits [n, 1, V]
         lengths, outs = list(view.lengths), []
         for j in range(self.chunk):
             view.lengths = [n + j for n in lengths]
