@@ -129,11 +129,12 @@ def benchmark(
                              "and out_dir=DIR (an images run's grids and plots)")
         return benchmark_runs.report(overrides[1:], names, fmt, out, append, quiet)
     given_suite, named = suite is not None, recipe_key(config, overrides, "suite")
-    if given_suite and named and {suite, named} - set(TEXT) and suite != named:  # humaneval and text share keys
+    clash = lambda a, b: bool({a, b} - set(TEXT)) and a != b  # noqa: E731  humaneval and text share keys
+    if given_suite and named and clash(suite, named):
         raise UsageError(f"--suite {suite} contradicts suite: {named} (the recipe's or an override's): the {named} "
                          f"benchmark's keys are not the {suite} suite's; drop one of them")
     filed = recipe_key(config, None, "suite")  # an override's suite against the recipe's, as --suite's above
-    if named is not None and filed is not None and {named, filed} - set(TEXT) and named != filed:
+    if named is not None and filed is not None and clash(named, filed):
         raise UsageError(f"suite={named} contradicts the recipe's suite: {filed}: the {filed} benchmark's keys are "
                          f"not the {named} suite's; drop the override or give a recipe of that suite")
     suite = suite if suite is not None else named if named is not None else "humaneval"  # "": no suite (refused)
