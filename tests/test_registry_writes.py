@@ -256,6 +256,28 @@ def test_a_run_never_ships_into_another_builtins_package_folder(specgen_home, mo
     check_outputs([("draft", "mine", str(assets / "image" / "mine"))])  # a new folder next to it
 
 
+def test_the_mesh_script_checks_its_ship_dir_before_training(specgen_home, monkeypatch, tmp_path):
+    """`python -m specgen.train.mesh ... ship_dir=specgen/assets/image/vq` trained for an hour and then wrote the
+    mesh GPT over the shipped VQ's files: the script checked its --register name but not its ship_dir."""
+    from specgen import builtins
+    from specgen.train import mesh
+
+    class Trained(Exception):
+        pass
+
+    def train(*a, **k):
+        raise Trained
+
+    monkeypatch.setattr(mesh, "train", train)
+    argv = ["--config", "recipes/tiny/mesh-gpt.yaml", "--out", str(tmp_path / "run")]
+    with pytest.raises(UsageError, match="package folder of built-in vq/tiny-image-vq"):
+        mesh.main([*argv, f"ship_dir={builtins.ASSETS / 'image' / 'vq'}"])
+    with pytest.raises(UsageError, match=r"\(--register mesh-gpt-tiny\)"):  # the recipe's folder, unnamed
+        mesh.main(argv)
+    with pytest.raises(Trained):  # the run that rebuilds it
+        mesh.main([*argv, "--register", "mesh-gpt-tiny"])
+
+
 def test_a_run_replaces_a_checkpoint_in_its_ship_dir_only_with_force(specgen_home, tmp_path):
     """`train-upsampler ... name=mine ship_dir=./my-hf-model` trained and then wrote over that folder's
     model.safetensors and config.json unasked; outputs are replaced only with --force, as registry entries are."""

@@ -6,7 +6,8 @@
 set -euo pipefail
 LOGS=docs/logs/tiny
 export OMP_NUM_THREADS=1
-python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt --log "$LOGS/mesh-gpt.log"
+python -m specgen.train.mesh --config recipes/tiny/mesh-gpt.yaml --out runs/mesh-gpt --register mesh-gpt-tiny \
+  --log "$LOGS/mesh-gpt.log"
 # heads find mesh-gpt-tiny through the registry, which reinstalls it from the asset just written
 specgen train-heads --kind xspecmesh --config recipes/tiny/xspecmesh-heads.yaml --out runs/xspecmesh-ca \
   > "$LOGS/xspecmesh-ca-heads.log" 2>&1 &

@@ -125,8 +125,9 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rena
             # files that built-in is installed from (only the run that rebuilds it, under its name, writes there)
             owner = shipped_in(ship)
             if owner:
+                own = rename.replace("NEW", owner.name)
                 raise UsageError(f"ship_dir {ship} is the package folder of built-in {owner.kind}/{owner.name}; only "
-                                 f"its own recipe (name={owner.name}) writes there: use another ship_dir, or "
+                                 f"the run that rebuilds it ({own}) writes there: use another ship_dir, or "
                                  "ship_dir= for none")
             # any other folder already holding a checkpoint: replaced only with --force, as a registry entry is
             held = [f for f in (registry.WEIGHTS, registry.CONFIG) if (Path(ship) / f).exists()]

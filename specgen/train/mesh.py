@@ -54,7 +54,7 @@ class MeshTrainConfig(OptimConfig):
     max_parts: int = 4  # procedural distribution (ProceduralSpec): parts per mesh ...
     rotation: str = "uniform"  # ... and rotation law ("uniform" | "axis"); recorded in config.json
     max_minutes: float = 0.0  # > 0: stop after this much training CPU time (a budget: may change on resume)
-    ship_dir: str = ""  # also write the fp16 result here in registry layout (a package asset; entry name = folder name)
+    ship_dir: str = ""  # also write the fp16 result here in registry layout (a built-in's folder: --register its name)
 
     def spec(self) -> ProceduralSpec:
         return ProceduralSpec(self.max_parts, self.rotation)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                            registers=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
-    check_outputs([("target", args.register or "", "")], args.force, "--register NEW")  # before training
+    check_outputs([("target", args.register or "", cfg.ship_dir)], args.force, "--register NEW")  # before training
     return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or "",
                                force=args.force))
 
