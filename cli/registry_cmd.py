@@ -31,15 +31,16 @@ EPILOG_IMPORT = """examples:
 def list_cmd(
     kind: Annotated[Optional[str], typer.Option("--kind", help="Only this kind (target, draft, heads, ...).")] = None,
     fmt: FormatOpt = Format.table,
-    quiet: QuietOpt = False,
+    refs: Annotated[bool, typer.Option("--quiet", "-q", help="Only the refs on stdout, one a line (for scripts: "
+                                       "`for m in $(specgen registry list -q --kind target)`).")] = False,
 ) -> None:
     """List installed checkpoints and built-in defaults."""
     home, rows = runs().listing(kind)
     if fmt == Format.json:
         _output.emit_json(rows)
-    elif quiet:
+    elif refs:  # unlike other commands' -q (stderr only), list's names what it prints: docker's `ps -q`
         for r in rows:
-            _output.out.print(r["ref"])
+            _output.emit_text(r["ref"])
     else:
         _output.table(f"checkpoints in {home}", rows, ["ref", "installed", "builtin", "parent", "status"],
                       _output.out)

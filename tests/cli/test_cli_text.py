@@ -186,6 +186,8 @@ def test_registry_list_show_remove(tiny_target):
     r = invoke("registry", "list", "--format", "json")
     refs = {x["ref"]: x for x in json.loads(r.stdout)}
     assert refs["target/tiny-text"]["installed"] and refs["target/smollm2-135m"]["builtin"]
+    assert invoke("registry", "list", "-q").stdout.splitlines() == list(refs)  # refs only: its help says so
+    assert "Only the refs on stdout" in invoke("registry", "list", "--help").stdout
     show = json.loads(invoke("registry", "show", "tiny-text").stdout)
     assert show["vocab_size"] == 64 and show["builder"] == "transformer"
     assert invoke("registry", "remove", "tiny-text").exit_code == 0
