@@ -55,3 +55,35 @@ def test_readme_stays_a_front_door():
 def test_slug_follows_github():
     assert slug("Measured again on the 2026-11-25 machine: 1.71×") == "measured-again-on-the-2026-11-25-machine-171"
     assert slug("Options (`method_options.*`)") == "options-method_options"
+
+
+LOGS = ROOT / "docs" / "logs"
+# Index links (the README's and docs/README.md's "logs/") name no log; a dated folder (gpu/2026-11-30/) cites its files.
+INDEX_FOLDERS = {LOGS, LOGS / "tiny", LOGS / "small", LOGS / "gpu"}
+
+
+def test_every_log_is_cited():
+    """docs/logs holds only the raw logs a current page cites: a relative link from README.md or docs/**/*.md other
+    than the LOG.md notes (to the file, or to a dated folder holding it), or its path in a recipe or script (a
+    training recipe's shipped result)."""
+    cited: set[Path] = set()
+    folders: set[Path] = set()
+    for page in PAGES:
+        if page.name == "LOG.md":
+            continue
+        for target in links(page):
+            path = target.partition("#")[0]
+            if path:
+                dest = (page.parent / path).resolve()
+                if dest.is_dir():
+                    if LOGS.resolve() in dest.parents and dest not in {d.resolve() for d in INDEX_FOLDERS}:
+                        folders.add(dest)
+                else:
+                    cited.add(dest)
+    named = "\n".join(p.read_text(errors="replace") for d in ("recipes", "scripts") for p in (ROOT / d).rglob("*")
+                      if p.is_file() and p.suffix in {".yaml", ".sh", ".py", ".md"})
+    orphans = [str(f.relative_to(ROOT)) for f in sorted(LOGS.rglob("*")) if f.is_file()
+               and f.resolve() not in cited
+               and not any(d in f.resolve().parents for d in folders)
+               and str(f.relative_to(ROOT)) not in named]
+    assert not orphans, "logs no current page cites (remove them, or cite them): " + ", ".join(orphans)
