@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
+from scipy.stats import chi2
 
 from specgen.decoding.accept import accept_greedy
 from specgen.decoding.draft import Verdict
@@ -129,22 +130,33 @@ def test_oracle_chunks_in_a_batch_commit_tree_paths_per_row():
 
 # -- sampling: each row of a batch is distributed exactly as the target ------------------------------------
 
+#: temperature below 1 with top-k and top-p, as users sample: a verify that judged at temperature 1 or dropped a
+#: filter (the first token and AR are drawn elsewhere: `PolicyBase.start`, `ArSteps`) is far from the exact joint
+FILTERED = SamplingParams(0.5, 3, 0.9)
+#: its last bigram [1, 2] occurred before (CPU n-gram drafts), its last token follows two different ones (GPU n-gram
+#: tries have siblings), and Jacobi's refill draws from it
+PROMPT = [2, 1, 2, 3, 1, 2]
 
-def exact_joint(model, prompt: list[int], n: int) -> dict[tuple[int, ...], float]:
-    """p(t_1..t_n | prompt) for every sequence over the tiny vocabulary (teacher-forced, no cache)."""
+
+def exact_joint(model, prompt: list[int], n: int, params: SamplingParams = SamplingParams(1.0)
+                ) -> dict[tuple[int, ...], float]:
+    """p(t_1..t_n | prompt) under `params`' filters for every sequence over the tiny vocabulary with mass
+    (teacher-forced, no cache)."""
     v = model.cfg.vocab_size
     seqs = list(itertools.product(range(v), repeat=n))
     ids = torch.tensor([prompt + list(s) for s in seqs])
     with torch.inference_mode():
         logits, _ = model(ids, torch.arange(ids.shape[1]).expand_as(ids))
-    logp = logits[:, len(prompt) - 1 : -1].float().log_softmax(-1)
+    probs = logits_to_probs(logits[:, len(prompt) - 1 : -1], params)  # [seqs, n, V]
     tok = ids[:, len(prompt):]
-    joint = logp.gather(-1, tok[..., None])[..., 0].sum(-1).exp()
-    return {s: float(p) for s, p in zip(seqs, joint)}
+    joint = probs.gather(-1, tok[..., None])[..., 0].prod(-1)
+    return {s: float(p) for s, p in zip(seqs, joint) if p > 0}
 
 
-def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0, gpu=False) -> Counter:
-    """`copies` rows of `prompt`, interleaved with ragged other prompts, in batches of 8, each its own stream."""
+def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0, gpu=False, n=3,
+                params=SamplingParams(temperature=1.0)) -> Counter:
+    """`copies` rows of `prompt` (`n` tokens each), interleaved with ragged other prompts, in batches of 8, each its own
+    stream."""
     prompts, mine = [], []
     others = ragged_prompts(copies // 2, seed=seed)
     for i in range(copies):
@@ -154,8 +166,8 @@ def sample_rows(target, prompt, method="jacobi", rule=None, copies=600, seed=0, 
             prompts.append([t % 4 for t in others[i // 2]])
     generators = [torch.Generator().manual_seed(10_000 * seed + i) for i in range(len(prompts))]
     opts = {"block_size": 3} if "block_size" in METHODS[method].options else {}  # ar and ngram have no blocks
-    res = run_batch(target, lambda i: method_drafter(method, i, gpu, **opts), prompts, 3,
-                    SamplingParams(temperature=1.0), generators=generators, batch_size=8, rule=rule)
+    res = run_batch(target, lambda i: method_drafter(method, i, gpu, **opts), prompts, n, params,
+                    generators=generators, batch_size=8, rule=rule)
     return Counter(tuple(res.results[i].tokens) for i in mine)
 
 
@@ -164,11 +176,46 @@ def tv(counts: Counter, exact: dict) -> float:
     return 0.5 * sum(abs(counts[k] / n - p) for k, p in exact.items())
 
 
+def chi_square(counts: Counter, exact: dict) -> float:
+    """Pearson's statistic of `counts` against the exact probabilities (every count must fall on a cell with mass)."""
+    n = sum(counts.values())
+    assert set(counts) <= set(exact), set(counts) - set(exact)
+    return sum((counts[k] - n * p) ** 2 / (n * p) for k, p in exact.items())
+
+
+def chi_square_limit(exact: dict) -> float:
+    """The 0.999 quantile of the statistic under the exact distribution: one false alarm in 1000 fixed seeds."""
+    return float(chi2.ppf(0.999, len(exact) - 1))
+
+
+def siblings_against_p(draft, logits, params, generator):
+    """Control: a rule that tries each draft node against p instead of the residual (a rejected token keeps its
+    mass, so a rejection can draw it again): the classic bug of speculative sampling."""
+    probs, node, path = logits_to_probs(logits, params), -1, []  # [S, V]
+    while True:
+        p = probs[node + 1]
+        nxt = next((c for c in draft.tree.children[node + 1]
+                    if float(torch.rand((), generator=generator)) < float(p[draft.tokens[c]])), None)
+        if nxt is None:
+            return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (sample(p, generator),))
+        path.append(nxt)
+        node = nxt
+
+
 @pytest.fixture(scope="module")
 def flat_model():
     model = tiny_model(5, vocab_size=4, dim=16)
     for p in model.parameters():  # flatter logits so many sequences have mass
         p.data.mul_(0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def filtered_model():
+    """`flat_model`'s weights at 0.7: at temperature 0.5 a draft's token has p ~0.3-0.8, tried often, often rejected."""
+    model = tiny_model(5, vocab_size=4, dim=16)
+    for p in model.parameters():
+        p.data.mul_(0.7)
     return model
 
 
@@ -181,6 +228,23 @@ def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, 
     got = tv(sample_rows(target, [1, 2, 3], method, gpu=gpu), exact)
     noise = noise_tv(exact)
     assert got < 1.5 * noise + 0.02, (got, noise)
+
+
+@pytest.mark.parametrize("gpu", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["cpu-defaults",
+                                                                                       "gpu-defaults"])
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_filtered_sampling_keeps_each_rows_distribution_and_its_control_fails(filtered_model, method, gpu):
+    """Every lossless text method at temperature 0.5, top-k 3, top-p 0.9: 800 rows of 4 tokens in batches, Pearson's
+    chi-square against the exact filtered joint (26 cells) below its 0.999 quantile (fixed seeds). The control, the same rows judged
+    by a rule without the residual (`siblings_against_p`), is above it: the method's drafts are tried often enough
+    for the test to fail (AR drafts nothing: no control)."""
+    exact, target = exact_joint(filtered_model, PROMPT, 4, FILTERED), ModelTarget(filtered_model)
+    limit = chi_square_limit(exact)
+    got = chi_square(sample_rows(target, PROMPT, method, copies=800, gpu=gpu, n=4, params=FILTERED), exact)
+    assert got < limit, (got, limit)
+    if method != "ar":
+        control = sample_rows(target, PROMPT, method, rule=siblings_against_p, copies=800, gpu=gpu, n=4, params=FILTERED)
+        assert chi_square(control, exact) > limit, (chi_square(control, exact), limit)
 
 
 def noise_tv(exact, draws: int = 600) -> float:
@@ -196,17 +260,6 @@ def test_an_ngram_tries_rejection_sampling_keeps_the_distribution_and_its_contro
     """GPU n-gram drafts (a trie of the 4 latest matches' continuations) sampled in a batch: the prompt's last token
     follows two earlier ones with different continuations, so the root has siblings. The TV to the exact joint is at
     noise level; the control, a rule that tries each sibling against p instead of the residual, is far off."""
-
-    def siblings_against_p(draft, logits, params, generator):
-        probs, node, path = logits_to_probs(logits, params), -1, []  # [S, V]
-        while True:
-            p = probs[node + 1]
-            nxt = next((c for c in draft.tree.children[node + 1]
-                        if float(torch.rand((), generator=generator)) < float(p[draft.tokens[c]])), None)
-            if nxt is None:
-                return Verdict(tuple(path), tuple(draft.tokens[i] for i in path) + (sample(p, generator),))
-            path.append(nxt)
-            node = nxt
 
     def first_two(counts) -> Counter:  # the first drafted step decides token 2: its marginal, less noisy than all 3
         out = Counter()
