@@ -4,13 +4,14 @@ image exactly what it gets alone (= AR), in input order; the CFG target scores n
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
 
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.cost import measure_cost
-from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
@@ -118,3 +119,59 @@ def test_steps_the_budget_cuts_to_ar_are_not_shown_to_the_tree_policy():
     assert seen == []
     run_batch(target, make, [[0], [1]], n, SamplingParams(), batch_size=2, max_draft=32, budget=FixedBudget(32))
     assert seen
+
+
+SCALE = 0.5  # the tiny GPT's weights scaled down: flatter logits
+
+
+def exact_cfg_joint(target: CFGTarget, label: int, n: int, params: SamplingParams) -> dict[tuple[int, ...], float]:
+    """p(t_1..t_n | label) of the CFG target under `params`' filters, every sequence with mass: each prefix scored
+    as one causal chain after the class (the same cache, never committed)."""
+    cache = target.new_cache(1, n + 2)
+    first = target.prefill(torch.tensor([[label]]), cache).logits[0, -1]
+    memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def dist(prefix: tuple[int, ...]) -> torch.Tensor:
+        if prefix not in memo:
+            logits = first if not prefix else target.forward(
+                torch.tensor([prefix]), torch.arange(1, 1 + len(prefix))[None], cache, None).logits[0, -1]
+            memo[prefix] = logits_to_probs(logits, params)
+        return memo[prefix]
+
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        joint = {pre + (t,): w * float(dist(pre)[t]) for pre, w in joint.items()
+                 for t in dist(pre).nonzero().flatten().tolist()}
+    return joint
+
+
+@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
+def test_sampled_images_keep_the_cfg_targets_distribution_and_the_control_fails(method):
+    """Every lossless image method under CFG (scale 3) at temperature 0.5, top-k 3, top-p 0.9: 600 images' first 4
+    tokens, 3 classes interleaved in batches of 8, each its own stream; Pearson's chi-square against the exact
+    filtered joint of the CFG logits below its 0.999 quantile (fixed seeds). A 4-token vocabulary puts every tree
+    node in the target's support; the control, the same images judged without the residual (`siblings_against_p`),
+    is above the quantile (AR drafts nothing: no control)."""
+    from tests.decoding.test_batched import FILTERED, chi_square, chi_square_limit, siblings_against_p
+
+    model = tiny_image_gpt(5, vocab=4)
+    for p in model.parameters():  # CFG and temperature 0.5 leave 24 sequences with mass
+        p.data.mul_(SCALE)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    exact = exact_cfg_joint(target, 0, 4, FILTERED)
+    limit = chi_square_limit(exact)
+    labels = [i % 3 for i in range(1800)]  # 600 of class 0, interleaved with the others
+
+    def counts(rule) -> Counter:
+        res = run_batch(target, lambda i: build_image_method(method, parts, dict(OPTIONS.get(method, {})))[0],
+                        [[c] for c in labels], 4, FILTERED, generators=[torch.Generator().manual_seed(i)
+                                                                         for i in range(len(labels))],
+                        batch_size=8, max_draft=32, rule=rule)
+        return Counter(tuple(r.tokens) for r, c in zip(res.results, labels) if c == 0)
+
+    got = chi_square(counts(None), exact)
+    assert got < limit, (got, limit)
+    if method != "ar":
+        control = chi_square(counts(siblings_against_p), exact)
+        assert control > limit, (control, limit)
