@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from specgen import __version__
@@ -192,7 +192,7 @@ def save(
     def fill(tmp: Path) -> None:
         untied, tied = untie(state)
         tensors = {k: (v.to(dtype) if dtype and v.is_floating_point() else v).contiguous() for k, v in untied.items()}
-        save_file(tensors, str(tmp / WEIGHTS))
+        save_safetensors(tensors, tmp / WEIGHTS)
         if extra:
             extra(tmp)
         doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {}),
@@ -222,6 +222,19 @@ def save(
         raise RuntimeFailure(f"cannot write {kind}/{name} in {final.parent}: {e.strerror or e}; nothing was "
                              f"registered: {ADVICE.get(e.errno, 'check SPECGEN_HOME')}") from None
     return written[0]
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None,
+                     name: Path | None = None) -> None:
+    """safetensors' `save_file`, a failed write raised as the OSError it is, naming `name` (default `path`): safetensors
+    reports one as a SafetensorError ('... I/O error: No space left on device (os error 28)')."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(name or path)) from None
 
 
 def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) -> None:

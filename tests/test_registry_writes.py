@@ -129,6 +129,37 @@ def test_overwrite_false_refuses_before_writing(specgen_home):
     assert registry.read_state(checkpoints.find("kept"))["w"].tolist() == [1.0, 1.0]
 
 
+def full_device_save(tensors, path, *a, **k):
+    """safetensors' save_file on a full device (its message, as a 200 KB tmpfs SPECGEN_HOME gave it)."""
+    from safetensors import SafetensorError
+
+    open(path, "wb").close()
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def test_a_full_registry_home_is_one_line_naming_the_device_and_leaves_nothing(specgen_home, monkeypatch):
+    """safetensors reports a failed write as its own SafetensorError ('... I/O error: No space left on device (os
+    error 28)'), no OSError: a full SPECGEN_HOME past the space probe printed that bare."""
+    from specgen.errors import RuntimeFailure
+
+    monkeypatch.setattr(registry, "save_file", full_device_save)
+    with pytest.raises(RuntimeFailure, match=r"cannot write target/full in .*: No space left on device; nothing was "
+                                             r"registered: free some space or write elsewhere"):
+        registry.save("target", "full", {"w": torch.ones(64)}, {})
+    assert os.listdir(specgen_home / "checkpoints" / "target") == []
+
+
+def test_a_full_run_folder_names_the_state_file(tmp_path, monkeypatch):
+    """A training state written onto a full device: an OSError naming the state file (the CLI's one line with the
+    advice), not safetensors' bare SafetensorError."""
+    from specgen.train import checkpoint
+
+    monkeypatch.setattr(registry, "save_file", full_device_save)
+    with pytest.raises(OSError, match="No space left on device") as e:
+        checkpoint.save_tensors(tmp_path / "state.safetensors", {"w": torch.ones(64)})
+    assert e.value.filename == str(tmp_path / "state.safetensors") and os.listdir(tmp_path) == []
+
+
 def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     from typer.testing import CliRunner
 

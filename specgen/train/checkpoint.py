@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
@@ -47,8 +47,8 @@ def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    atomic_write(path, lambda p: save_file({k: v.contiguous() for k, v in tensors.items()}, str(p),
-                                            metadata=metadata))
+    atomic_write(path, lambda p: registry.save_safetensors({k: v.contiguous() for k, v in tensors.items()}, p,
+                                                           metadata, name=path))
 
 
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from specgen import checkpoints, registry
 from specgen.devices import resolve_device, resolve_dtype
@@ -333,7 +332,7 @@ def export_adapter(name: str, folder: Path, merge_scale: float | None = None) ->
 
     def fill(tmp: Path) -> None:
         state = {k: v.to(torch.float16).contiguous() for k, v in registry.read_state(entry).items()}
-        save_file(state, str(tmp / "adapter.safetensors"))
+        registry.save_safetensors(state, tmp / "adapter.safetensors", name=folder / "adapter.safetensors")
         keep = ("parent", "lora_rank", "lora_alpha", "lora_targets", "tokenizer_hash", "vocab_size", "objective",
                 "block_size", "trajectories", "metrics", "config", "init_adapter")
         meta = {k: entry.meta[k] for k in keep if k in entry.meta}
