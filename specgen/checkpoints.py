@@ -182,9 +182,17 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
     if (getattr(getattr(module, "cfg", None), "tie_embeddings", False) and "output.weight" not in stored
             and "tok_embeddings.weight" in stored):  # quantized targets tie their int8 buffers via "tied"
         copies.setdefault("tok_embeddings.weight", []).append("output.weight")
-    missing, unexpected = set(module.state_dict()), []
+    held = module.state_dict()
+    missing, unexpected = set(held), []
     for part in registry.state_parts(entry):
         part.update({name: part[key] for key in list(part) for name in copies.get(key, ())})
+        # load_state_dict casts silently: integer weights for a float parameter (a damaged header: F16 read as I16,
+        # the same size) would load as garbage
+        floats = {k: t.is_floating_point() for k, t in part.items() if k in held}
+        if bad := next((k for k, f in floats.items() if f != held[k].is_floating_point()), None):
+            raise CheckpointError(f"{entry.ref}: weights do not fit its config ({bad} is stored as "
+                                  f"{str(part[bad].dtype).removeprefix('torch.')}, the model holds "
+                                  f"{str(held[bad].dtype).removeprefix('torch.')}: damaged weights)")
         unexpected += module.load_state_dict(part, strict=False).unexpected_keys
         missing -= set(part)
     if missing or unexpected:

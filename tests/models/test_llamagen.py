@@ -168,6 +168,23 @@ def test_incomplete_checkpoints_are_refused():  # t2i checkpoints load: tests/mo
         llamagen_state({"model.layers.0.self_attn.q_proj.weight": torch.zeros(2, 2)})
 
 
+def test_weights_of_an_integer_dtype_for_float_parameters_are_refused(specgen_home):
+    """A weight stored as integers where the model holds floats (a header's F16 damaged to I16: same size, so no size
+    check sees it) loaded cast by load_state_dict: garbage weights, exit 0; it is one CheckpointError naming it."""
+    from safetensors.torch import load_file, save_file
+
+    from specgen import checkpoints
+    from tests.image_fixtures import register_tiny_image_target
+
+    entry = register_tiny_image_target()
+    weights = entry.path / "model.safetensors"
+    state = load_file(str(weights))
+    state["output.weight"] = state["output.weight"].to(torch.int32)
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=r"output.weight is stored as int32, the model holds float32"):
+        checkpoints.load_module(checkpoints.find("tiny-img"))
+
+
 def test_registry_import_of_a_llamagen_pt(tmp_path):
     from specgen import checkpoints
     from specgen.importer import import_checkpoint
