@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from cli import _output
@@ -13,7 +14,7 @@ from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, g
                                   load_mesh_model, mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
-from specgen.paths import check_output_dir, free_stem
+from specgen.paths import check_output_dir, free_stem, link_into_place
 from specgen.request import parse_request
 
 COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", "step_latency_ms", "wall_s", "file"]
@@ -90,8 +91,14 @@ def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, pre
     with _output.writing("meshes", out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
-        path = export_mesh(vertices, faces, out_dir / f"{stem}.{mesh_format}", mesh_format)
-        return path, str(render_png(vertices, faces, out_dir / f"{stem}.png")) if preview else None
+        # each file linked to a free name (never replacing one another run wrote meanwhile), as images are
+        tmp = out_dir / f".{stem}.{os.urandom(4).hex()}.tmp"
+        try:
+            path = link_into_place(export_mesh(vertices, faces, tmp, mesh_format), out_dir / f"{stem}.{mesh_format}")
+            png = link_into_place(render_png(vertices, faces, tmp), path.with_suffix(".png")) if preview else None
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path, None if png is None else str(png)
 
 
 def check_any_valid(rows: list[dict], what: str, outcome: str) -> None:

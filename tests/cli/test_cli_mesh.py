@@ -428,6 +428,28 @@ def test_a_mesh_write_the_device_refuses_names_the_folder(tmp_path, monkeypatch)
     assert not (tmp_path / "deep").exists()
 
 
+def test_a_mesh_file_another_writer_made_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two runs writing meshes of one name into one --out-dir: a file the other run made after this one picked its
+    free name (free_stem) was replaced (the write was an atomic rename over it); like images, a mesh and its preview
+    are linked into place under the next free name instead."""
+    import cli.generate_mesh as cli_mesh
+
+    real = cli_mesh.free_stem
+
+    def racing(folder, stem, suffixes):  # the other writer's files land right after the name was picked
+        picked = real(folder, stem, suffixes)
+        for suffix in suffixes:
+            (folder / f"{picked}{suffix}").write_text("the other run's")
+        return picked
+
+    monkeypatch.setattr(cli_mesh, "free_stem", racing)
+    m = generate_mesh(3)
+    path, png = cli_mesh.write_files(m.vertices, m.faces, tmp_path, "m", "obj", True)
+    assert (tmp_path / "m.obj").read_text() == (tmp_path / "m.png").read_text() == "the other run's"
+    assert (path, png) == (tmp_path / "m-1.obj", str(tmp_path / "m-1.png")) and "\nv " in path.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m-1.obj", "m-1.png", "m.obj", "m.png"]
+
+
 def test_an_out_dir_that_is_a_link_to_nothing_is_refused_before_the_work(tmp_path):
     """A dangling link as --out-dir (or above it) passed the up-front check and failed "File exists" (exit 1) at the
     first file, after every mesh or image was decoded."""
