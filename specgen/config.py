@@ -64,6 +64,8 @@ def read_recipe(p: Path) -> dict:
         raise UsageError(f"config file {p} is not UTF-8 text (a YAML recipe is expected)") from None
     except OSError as e:
         raise UsageError(f"cannot read config file {p}: {e.strerror}") from None
+    except RecursionError:  # collections nested thousands deep
+        raise UsageError(f"config file {p} is not valid YAML: nested too deep") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""

@@ -81,6 +81,8 @@ def json_lines(src: Source) -> Iterator[tuple[int, object]]:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
             raise PromptSourceError(f"{src.name} line {number}: invalid JSON ({exc.msg})") from None
+        except RecursionError:  # json.loads of arrays or objects nested thousands deep
+            raise PromptSourceError(f"{src.name} line {number}: invalid JSON (nested too deep)") from None
         yield number, value
 
 

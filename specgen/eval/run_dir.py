@@ -90,7 +90,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 return  # torn tail: the writer was killed mid-line
             try:
                 rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # (nested thousands deep)
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("item"), str) and isinstance(rec.get("runs"), (dict, list)):
                 yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
@@ -181,7 +181,7 @@ class RunDir:
                              "make one with `specgen benchmark --run-dir DIR ...`")
         try:
             doc = json.loads(file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError) as e:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")

@@ -112,6 +112,23 @@ def test_a_torn_record_is_redone_and_every_item_counts_once(single, tmp_path):
     assert file.read_text().endswith("\n")
 
 
+def test_a_record_line_nested_past_the_recursion_limit_is_skipped_as_corrupt(tmp_path):
+    """read_lines skips a corrupt line; one nested deeper than Python's recursion limit raised json's RecursionError,
+    so resuming or reporting the run failed (one 'RecursionError' line, exit 1) instead of redoing its item."""
+    from specgen.errors import UsageError
+    from specgen.eval.run_dir import RunDir, Shard
+
+    run = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    run.append(Shard(), {"item": "i0", "runs": {}})
+    with open(tmp_path / "run" / "records-0-of-1.jsonl", "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    run.append(Shard(), {"item": "i1", "runs": {}})
+    assert sorted(run.records()) == ["i0", "i1"]
+    (tmp_path / "run" / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(UsageError, match=r"run.json is unreadable \(RecursionError\)"):
+        RunDir.existing(tmp_path / "run")
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped(long_tiny_target, tmp_path):  # noqa: F811
     run = tmp_path / "run"

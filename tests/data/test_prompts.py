@@ -204,6 +204,8 @@ def test_datasets_sources(tmp_path):
         ("blank.txt", "\n   \n\n", {}, "no prompts"),
         ("empty.jsonl", "\n", {}, "no prompts"),
         ("bad.jsonl", '{"prompt": "ok"}\n\n{"prompt": oops}\n', {}, r"bad.jsonl line 3: invalid JSON"),
+        # nested past Python's recursion limit: json.loads' RecursionError was a traceback-type line, exit 1
+        ("deep.jsonl", "[" * 100_000 + "]" * 100_000 + "\n", {}, r"deep.jsonl line 1: invalid JSON \(nested too deep"),
         ("list.jsonl", '["a"]\n', {}, r"line 1: expected a JSON object, got list"),
         ("nofield.jsonl", '{"prompt": "a"}\n{"body": "b"}\n', {}, r"line 2: no field 'prompt', .* \(fields: body\)"),
         ("named.jsonl", '{"prompt": "a"}\n', {"field": "question"}, r"line 1: no field 'question'"),

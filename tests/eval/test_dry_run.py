@@ -152,6 +152,9 @@ def test_unparseable_recipes_are_one_line_usage_errors(tmp_path):
     broken.write_text("suite: [humaneval\n")
     with pytest.raises(UsageError, match="not valid YAML"):
         check_recipe(broken)
+    broken.write_text("[" * 5000 + "]" * 5000 + "\n")  # past Python's recursion limit: was a RecursionError, exit 1
+    with pytest.raises(UsageError, match="not valid YAML: nested too deep"):
+        check_recipe(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
     with pytest.raises(UsageError, match="mapping"):
