@@ -187,6 +187,21 @@ def test_the_file_of_a_removed_entry_goes_at_the_next_store(entry):
     assert cache_files() != [] and old not in cache_files()
 
 
+def test_a_killed_writers_temporary_goes_at_the_next_store(entry):
+    """A writer killed mid-write (SIGKILL, the OOM killer: laying out a model takes its size again in memory) left its
+    hidden temporary, as large as the model's layout, that nothing removed; the next store removes one untouched
+    for an hour (a live writer writes without pause, then renames), and keeps a fresh one."""
+    import time
+
+    layout_cache.folder().mkdir(parents=True)
+    stale, live = (layout_cache.folder() / f".{n}.safetensors.abc123.tmp" for n in ("killed", "writing"))
+    stale.write_bytes(bytes(64))
+    live.write_bytes(bytes(64))
+    os.utime(stale, (time.time() - 2 * 3600,) * 2)
+    load(entry)
+    assert cache_files() and not stale.exists() and live.exists()
+
+
 def test_a_dtype_the_writer_cannot_name_is_not_cached():
     """A tensor of a dtype outside the writer's table leaves the model uncached (loaded as before), never a crash."""
     m = torch.nn.Linear(2, 2)
