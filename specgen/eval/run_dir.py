@@ -235,12 +235,17 @@ class RunDir:
         return None
 
     def append(self, shard: Shard, record: dict) -> None:
-        """One record as one line, one write, flushed to disk before the next item starts."""
-        data = (json.dumps(json_ready(record), separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.path / f"records-{shard.label}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+        """One record as one line, one write, flushed to disk before the next item starts; a write the device refuses
+        (full: the rest of a short write fails) is an OSError naming the file (its torn line is cut on resume)."""
+        data = memoryview((json.dumps(json_ready(record), separators=(",", ":")) + "\n").encode())
+        file = self.path / f"records-{shard.label}.jsonl"
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
         try:
-            os.write(fd, data)
+            while data:
+                data = data[os.write(fd, data):]
             os.fsync(fd)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(file)) from None
         finally:
             os.close(fd)
 

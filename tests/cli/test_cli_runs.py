@@ -129,6 +129,33 @@ def test_a_record_line_nested_past_the_recursion_limit_is_skipped_as_corrupt(tmp
         RunDir.existing(tmp_path / "run")
 
 
+def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
+    """On a run folder's device filling mid-run the error was 'No space left on device' naming no file (os.write's
+    OSError has none), and a short write (the device's last bytes) went unnoticed: the next record was appended onto
+    the torn line. The rest of a short write is written (its failure is the device's error), naming the file."""
+    import errno
+
+    from specgen.eval import run_dir
+    from specgen.eval.run_dir import RunDir, Shard
+
+    run = RunDir.open(tmp_path / "run", "text", {"a": 1})
+    run.append(Shard(), {"item": "i0", "runs": {}})
+    real, room = os.write, [40]
+
+    def nearly_full(fd, data):  # 40 bytes fit, then the device is full
+        if not room[0]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real(fd, bytes(data[: room[0]]))
+        room[0] -= n
+        return n
+
+    monkeypatch.setattr(run_dir.os, "write", nearly_full)
+    with pytest.raises(OSError, match="No space left on device") as e:
+        run.append(Shard(), {"item": "i1", "runs": {"ar": "x" * 100}})
+    assert e.value.filename == str(tmp_path / "run" / "records-0-of-1.jsonl")
+    assert sorted(run.records()) == ["i0"]
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_where_it_stopped(long_tiny_target, tmp_path):  # noqa: F811
     run = tmp_path / "run"
