@@ -42,4 +42,5 @@ def test_the_mesh_script_names_its_own_rename_option(tmp_path, capsys):
 
     registry.save("target", "taken", {"w": torch.zeros(1)}, {})
     with pytest.raises(UsageError, match=r"target/taken already exists.*\(--register NEW\)$"):
-        mesh.main(["--config", str(ROOT / "recipes/tiny/mesh-gpt.yaml"), "--out", str(tmp_path), "--register", "taken"])
+        mesh.main(["--config", str(ROOT / "recipes/tiny/mesh-gpt.yaml"), "--out", str(tmp_path), "--register", "taken",
+                   "ship_dir="])  # no ship folder: the recipe's is mesh-gpt-tiny's, refused under another name
