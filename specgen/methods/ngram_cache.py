@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from specgen import registry
 from specgen.errors import CheckpointError, UsageError
+from specgen.paths import atomic_write
 
 MAX_NGRAM, MIN_NGRAM = 4, 2  # n-gram lengths looked up, longest first
 MIN_COUNT, MIN_SHARE = 2, 0.5  # an entry: seen at least this often, and this share of its n-gram's continuations
@@ -68,9 +69,10 @@ def table_of(flat: np.ndarray) -> dict[tuple[int, ...], int]:
 
 
 def save(path: Path, answers: list[list[int]], tokenizer: str, how: str) -> None:
-    """Write answers (token streams) as a cache file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"tokens": torch.from_numpy(joined(answers)).int()}, str(path), {"tokenizer": tokenizer, "how": how})
+    """Write answers (token streams) as a cache file, atomically: an interrupted build (an hour of decoding; the
+    shipped asset) leaves the earlier file whole."""
+    tokens = {"tokens": torch.from_numpy(joined(answers)).int()}
+    atomic_write(path, lambda tmp: registry.save_safetensors(tokens, tmp, {"tokenizer": tokenizer, "how": how}, path))
 
 
 def check_tokenizer(ref: str, tokenizer: str) -> None:

@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
+    if args.out.exists() and not args.out.is_file():  # the write renames a file over it: never a device or folder
+        ap.error(f"--out {args.out} is not a file")
     torch.set_num_threads(args.threads)
     model = load_text_model(args.model, "cpu")
     stdlib = stdlib_prompts()

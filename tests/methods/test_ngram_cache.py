@@ -54,6 +54,25 @@ def test_the_table_is_the_plain_rule_on_random_streams_with_ties():
     assert build_table([[1, 2, 3, 1, 2, 4, 1, 2, 4, 1, 2, 3]])[(1, 2)] == 3  # 2 each: the first seen wins
 
 
+
+def test_an_interrupted_cache_build_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
+    """`python -m specgen.text.ngram_cache --out F` wrote F in place: a full disk or a kill mid-write left a torn
+    shipped asset where the earlier one was; the write is atomic, and its failure the OSError naming F."""
+    from specgen import registry
+
+    path = tmp_path / "c.safetensors"
+    C.save(path, [[1, 2, 3, 4]], "abc", "earlier")
+    before = path.read_bytes()
+
+    def torn(tensors, name, metadata=None):
+        open(name, "wb").write(b"\x08\x00")  # a few bytes, then the device is full
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(registry, "save_file", torn)
+    with pytest.raises(OSError, match="No space left"):
+        C.save(path, [[5, 6, 7, 8]], "abc", "later")
+    assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == [path]
+
 def test_drafts_follow_the_longest_n_gram_with_an_entry():
     cache = C.NgramCache({(1, 2): 3, (2, 3): 4, (9, 2, 3): 7, (3, 4): 5})
     assert cache.draft([0, 1, 2], 3) == [3, 4, 5]  # (1, 2) -> 3, then (2, 3) -> 4, then (3, 4) -> 5
