@@ -56,7 +56,8 @@ def generate(
                                  "backbone's training length).")] = None,
     temperature: Annotated[Optional[float], typer.Option(
         "--temperature", "-t", help="Sampling temperature, 0 = greedy (default: text 0, image 1, mesh 0.5).")] = None,
-    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens (0 = off).")] = None,
+    top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens and any tied with "
+                                                 "the k-th (0 = off; --temperature 0 is greedy).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
     no_chat: Annotated[bool, typer.Option(
         "--no-chat", help="\\[text] Feed text prompts raw, without the chat template (chat messages always use "
