@@ -235,15 +235,16 @@ def test_rejection_sampling_in_a_batch_keeps_each_rows_distribution(flat_model, 
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
 def test_filtered_sampling_keeps_each_rows_distribution_and_its_control_fails(filtered_model, method, gpu):
     """Every lossless text method at temperature 0.5, top-k 3, top-p 0.9: 800 rows of 4 tokens in batches, Pearson's
-    chi-square against the exact filtered joint (26 cells) below its 0.999 quantile (fixed seeds). The control, the same rows judged
-    by a rule without the residual (`siblings_against_p`), is above it: the method's drafts are tried often enough
-    for the test to fail (AR drafts nothing: no control)."""
+    chi-square against the exact filtered joint (26 cells) below its 0.999 quantile (fixed seeds). The control, the
+    same rows judged by a rule without the residual (`siblings_against_p`), is above it: the method's drafts are
+    tried often enough for the test to fail (AR drafts nothing: no control)."""
     exact, target = exact_joint(filtered_model, PROMPT, 4, FILTERED), ModelTarget(filtered_model)
     limit = chi_square_limit(exact)
     got = chi_square(sample_rows(target, PROMPT, method, copies=800, gpu=gpu, n=4, params=FILTERED), exact)
     assert got < limit, (got, limit)
     if method != "ar":
-        control = sample_rows(target, PROMPT, method, rule=siblings_against_p, copies=800, gpu=gpu, n=4, params=FILTERED)
+        control = sample_rows(target, PROMPT, method, rule=siblings_against_p, copies=800, gpu=gpu, n=4,
+                              params=FILTERED)
         assert chi_square(control, exact) > limit, (chi_square(control, exact), limit)
 
 
