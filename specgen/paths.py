@@ -9,6 +9,7 @@ import itertools
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -115,6 +116,19 @@ def write_new(path: Path, text: str) -> bool:
         return False
     finally:
         tmp.unlink(missing_ok=True)
+
+
+STALE_TEMP_S = 3600  # a writer's temporary untouched this long is a killed writer's (a live one writes, then renames)
+
+
+def remove_stale_temps(folder: Path, names: str) -> None:
+    """Remove the temporaries `atomic_write` left in `folder` for files matching the glob `names` when their writer
+    was killed (it removes its own on any exception, not on SIGKILL or the OOM killer): those untouched for
+    `STALE_TEMP_S`."""
+    for tmp in folder.glob(f".{names}.*.tmp"):
+        with contextlib.suppress(OSError):  # gone meanwhile: its writer finished
+            if time.time() - tmp.stat().st_mtime > STALE_TEMP_S:
+                tmp.unlink()
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix: bool = False,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -20,13 +18,12 @@ from specgen.models.packed_linear import PackedLinear
 from specgen.models.quantize import quantized_layers
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
-from specgen.paths import atomic_write
+from specgen.paths import atomic_write, remove_stale_temps
 
 VERSION = 2  # of the stored forms below: a change makes every earlier file a miss
 #: Every tensor's data starts at a multiple of this in the file, so in the page-aligned mapping too: torch's kernels
 #: (e.g. `_weight_int8pack_mm`) use aligned vector loads, as on tensors from torch's own 64-byte aligned allocator.
 ALIGN = 64
-STALE_TEMP_S = 3600  # a writer's temporary untouched this long is a killed writer's (a live one writes, then renames)
 PAD = ".pad"  # the name suffix of the filler entries that keep the next tensor aligned
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
                       torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
@@ -151,10 +148,7 @@ def store(module: nn.Module, weights: Path) -> None:
 def remove_orphans() -> None:
     """Delete the cache files whose checkpoint is gone (a removed or moved entry): they could never be read again; and
     the temporaries of writers killed mid-write (`atomic_write` removes its own on any exception, not on SIGKILL)."""
-    for tmp in folder().glob(".*.safetensors.*.tmp"):
-        with contextlib.suppress(OSError):  # gone meanwhile: its writer finished
-            if time.time() - tmp.stat().st_mtime > STALE_TEMP_S:
-                tmp.unlink()
+    remove_stale_temps(folder(), "*.safetensors")
     for path in folder().glob("*.safetensors"):
         try:
             with safe_open(str(path), "pt") as f:

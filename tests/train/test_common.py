@@ -349,3 +349,21 @@ def test_vq_name_of_other_weights_is_refused(tmp_path):
     with pytest.raises(UsageError, match="is not the VQ of vq=.*other weights"):
         check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name="tiny-image-vq"))
     check_vq_name(ImageGPTTrainConfig(vq=str(folder), vq_name=""))  # none recorded
+
+
+def test_a_killed_writers_training_state_temporary_goes_at_the_next_save(tmp_path):
+    """`kill -9` of a training run while it wrote its state left `.state.safetensors.*.tmp` (the state's size) in its
+    --out for good; the next save of that state removes one untouched for an hour and keeps a fresh one (a live
+    writer's) and other files' temporaries."""
+    import time
+
+    from specgen.train.checkpoint import save_tensors
+
+    stale, live, other = (tmp_path / n for n in (".state.safetensors.ab12cd.tmp", ".state.safetensors.ef34ab.tmp",
+                                                  ".other.safetensors.ab12cd.tmp"))
+    for f in (stale, live, other):
+        f.write_bytes(bytes(64))
+    os.utime(stale, (time.time() - 2 * 3600,) * 2)
+    os.utime(other, (time.time() - 2 * 3600,) * 2)
+    save_tensors(tmp_path / "state.safetensors", {"w": torch.zeros(2)})
+    assert not stale.exists() and live.exists() and other.exists()
