@@ -188,8 +188,8 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
         part.update({name: part[key] for key in list(part) for name in copies.get(key, ())})
         # load_state_dict casts silently: integer weights for a float parameter (a damaged header: F16 read as I16,
         # the same size) would load as garbage
-        floats = {k: t.is_floating_point() for k, t in part.items() if k in held}
-        if bad := next((k for k, f in floats.items() if f != held[k].is_floating_point()), None):
+        kinds = ((k, t.is_floating_point(), held[k].is_floating_point()) for k, t in part.items() if k in held)
+        if bad := next((k for k, stored_float, held_float in kinds if stored_float != held_float), None):
             raise CheckpointError(f"{entry.ref}: weights do not fit its config ({bad} is stored as "
                                   f"{str(part[bad].dtype).removeprefix('torch.')}, the model holds "
                                   f"{str(held[bad].dtype).removeprefix('torch.')}: damaged weights)")
