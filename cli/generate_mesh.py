@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from cli import _output
@@ -14,7 +13,7 @@ from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, g
                                   load_mesh_model, mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
-from specgen.paths import check_output_dir, free_stem, link_into_place
+from specgen.paths import check_output_dir, free_stem, write_linked
 from specgen.request import parse_request
 
 COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", "step_latency_ms", "wall_s", "file"]
@@ -92,12 +91,9 @@ def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, pre
         out_dir.mkdir(parents=True, exist_ok=True)
         stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
         # each file linked to a free name (never replacing one another run wrote meanwhile), as images are
-        tmp = out_dir / f".{stem}.{os.urandom(4).hex()}.tmp"
-        try:
-            path = link_into_place(export_mesh(vertices, faces, tmp, mesh_format), out_dir / f"{stem}.{mesh_format}")
-            png = link_into_place(render_png(vertices, faces, tmp), path.with_suffix(".png")) if preview else None
-        finally:
-            tmp.unlink(missing_ok=True)
+        path = write_linked(out_dir / f"{stem}.{mesh_format}",
+                            lambda tmp: export_mesh(vertices, faces, tmp, mesh_format))
+        png = write_linked(path.with_suffix(".png"), lambda tmp: render_png(vertices, faces, tmp)) if preview else None
         return path, None if png is None else str(png)
 
 

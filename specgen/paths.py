@@ -86,6 +86,18 @@ def free_path(path: Path) -> Path:
     return path.with_name(f"{free_stem(path.parent, path.stem, (path.suffix,))}{path.suffix}")
 
 
+def write_linked(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` fills a hidden temporary beside `path`, which is then linked to the first free numbered name of
+    `path` (`link_into_place`: never replacing a file, even one another run made meanwhile); returns the name used.
+    The temporary's name is random, not the pid: writers of one pid (containers sharing the folder) would share it."""
+    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+    try:
+        write(tmp)
+        return link_into_place(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def link_into_place(tmp: str | Path, path: Path) -> Path:
     """Link the finished file `tmp` to the first free numbered name of `path` (atomic: never replaces a file, even
     one made meanwhile), remove `tmp`, and return the name used."""

@@ -24,7 +24,7 @@ from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, dec
 from specgen.image.methods import build_image_method
 from specgen.methods import METHODS, get_method
 from specgen.methods.mulo_sd import MuLoSD
-from specgen.paths import check_folder, free_path, link_into_place
+from specgen.paths import check_folder, free_path, write_linked
 from specgen.request import parse_request
 
 
@@ -266,10 +266,8 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for (m, t), px in pixels.items():
-        path = out_dir / f"{m}-T{t:g}-grid.png"
-        tmp = path.with_name(f".{path.name}.tmp")
-        plots.image_grid(px, nrow=8).save(tmp, format="PNG")
-        paths.append(link_into_place(tmp, path))
+        grid = plots.image_grid(px, nrow=8)
+        paths.append(write_linked(out_dir / f"{m}-T{t:g}-grid.png", lambda tmp: grid.save(tmp, format="PNG")))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):
         pts = [r for r in rows if r["temperature"] == t]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
-from specgen.paths import link_into_place
+from specgen.paths import write_linked
 from specgen.request import DecodeRequest
 from specgen.text.precision import in_memory, load_precision
 
@@ -266,11 +265,4 @@ class PngWriter:
 
     def save(self, image: Image.Image, name: str) -> Path:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # checked up front (paths.check_output_dir)
-        # linked to a free name (never replacing a file); random, not the pid: writers of one pid (containers sharing
-        # the folder) would share the temporary, and one would link the other's image or fail
-        tmp = self.out_dir / f".{name}.{os.urandom(4).hex()}.tmp"
-        try:
-            image.save(tmp, format="PNG")
-            return link_into_place(tmp, self.out_dir / name)
-        finally:
-            tmp.unlink(missing_ok=True)
+        return write_linked(self.out_dir / name, lambda tmp: image.save(tmp, format="PNG"))  # a free name

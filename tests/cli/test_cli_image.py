@@ -351,12 +351,12 @@ def test_a_device_that_fills_up_mid_run_is_a_runtime_failure_naming_the_folder(t
     import errno
     import os
 
-    import specgen.image.generate as image_generate
+    import specgen.paths
 
     def full(tmp, path):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
-    monkeypatch.setattr(image_generate, "link_into_place", full)
+    monkeypatch.setattr(specgen.paths, "link_into_place", full)  # under the images' write_linked
     out = tiny_image / "full" / "images"
     r = gen(out, "--method", "ar")
     assert r.exit_code == 1, r.output
