@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import hashlib
 import itertools
 import os
@@ -133,11 +134,10 @@ def write_new(path: Path, text: str) -> bool:
 STALE_TEMP_S = 3600  # a writer's temporary untouched this long is a killed writer's (a live one writes, then renames)
 
 
-def remove_stale_temps(folder: Path, names: str) -> None:
-    """Remove the temporaries `atomic_write` left in `folder` for files matching the glob `names` when their writer
-    was killed (it removes its own on any exception, not on SIGKILL or the OOM killer): those untouched for
-    `STALE_TEMP_S`."""
-    for tmp in folder.glob(f".{names}.*.tmp"):
+def remove_stale_temps(folder: Path, pattern: str) -> None:
+    """Remove the temporaries matching the glob `pattern` in `folder` that writers killed mid-write left (`atomic_write`
+    removes its own on any exception, not on SIGKILL or the OOM killer): those untouched for `STALE_TEMP_S`."""
+    for tmp in folder.glob(pattern):
         with contextlib.suppress(OSError):  # gone meanwhile: its writer finished
             if time.time() - tmp.stat().st_mtime > STALE_TEMP_S:
                 tmp.unlink()
@@ -162,6 +162,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    # a killed earlier writer's temporary of `path` (a training state's or a layout's size) goes at this write
+    remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*{path.suffix if keep_suffix else '.tmp'}")
     return path
 
 

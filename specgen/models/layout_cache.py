@@ -148,7 +148,7 @@ def store(module: nn.Module, weights: Path) -> None:
 def remove_orphans() -> None:
     """Delete the cache files whose checkpoint is gone (a removed or moved entry): they could never be read again; and
     the temporaries of writers killed mid-write (`atomic_write` removes its own on any exception, not on SIGKILL)."""
-    remove_stale_temps(folder(), "*.safetensors")
+    remove_stale_temps(folder(), ".*.safetensors.*.tmp")  # any entry's
     for path in folder().glob("*.safetensors"):
         try:
             with safe_open(str(path), "pt") as f:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import glob
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from safetensors.torch import load_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
-from specgen.paths import atomic_write, atomic_write_text, check_folder, remove_stale_temps
+from specgen.paths import atomic_write, atomic_write_text, check_folder
 from specgen.registry import Entry
 
 #: Settings a rerun on OUT may change where a trainer has no others (the run folder's check and the state's): where
@@ -48,10 +47,8 @@ def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """Write `tensors` atomically; a killed earlier writer's temporary of `path` (a training state's size) goes."""
     atomic_write(path, lambda p: registry.save_safetensors({k: v.contiguous() for k, v in tensors.items()}, p,
                                                            metadata, name=path))
-    remove_stale_temps(path.parent, glob.escape(path.name))
 
 
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
