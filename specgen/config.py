@@ -73,9 +73,25 @@ def read_recipe(p: Path) -> dict:
     if doc is not None and not isinstance(doc, dict):  # (an empty file is an empty recipe)
         raise UsageError(f"config file {p} must be a mapping of recipe keys, not a {type(doc).__name__}")
     doc = doc or {}
+    if expanded_size(doc) > MAX_RECIPE_VALUES:
+        raise UsageError(f"config file {p} expands to over {MAX_RECIPE_VALUES:,} values (YAML aliases of aliases); "
+                         "spell the recipe's values out")
     # lexically (normpath), so a recipe run from the checkout's root records the path it always did
     return {**doc, **{k: os.path.normpath(p.parent / doc[k]) for k in RECIPE_RELATIVE
                       if isinstance(doc.get(k), str) and doc[k] and not os.path.isabs(doc[k])}}
+
+
+MAX_RECIPE_VALUES = 100_000  # a recipe holds tens of values; OmegaConf copies an alias's expansion, each copy
+
+
+def expanded_size(node: Any, sizes: dict[int, int] | None = None) -> int:
+    """How many values `node` holds once YAML's aliases are copied out, counting each shared node once (memoised by
+    identity): aliases of aliases make a few lines hold 10^9 values, which would keep OmegaConf copying for hours."""
+    sizes = {} if sizes is None else sizes
+    if id(node) not in sizes:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        sizes[id(node)] = 1 + sum(expanded_size(v, sizes) for _, v in items)
+    return sizes[id(node)]
 
 
 def check_keys(cls: type, path: Path | None, doc: dict, overrides: list[str], spec: MethodSpec | None) -> None:

@@ -155,6 +155,11 @@ def test_unparseable_recipes_are_one_line_usage_errors(tmp_path):
     broken.write_text("[" * 5000 + "]" * 5000 + "\n")  # past Python's recursion limit: was a RecursionError, exit 1
     with pytest.raises(UsageError, match="not valid YAML: nested too deep"):
         check_recipe(broken)
+    # aliases of aliases ("billion laughs"): nine levels expand to 10^9 values, which OmegaConf copies forever
+    laughs = ["&a0 [x, x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    broken.write_text(f"suite: humaneval\nmethods: [{', '.join(laughs)}]\n")
+    with pytest.raises(UsageError, match=r"expands to over 100,000 values"):
+        check_recipe(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
     with pytest.raises(UsageError, match="mapping"):
