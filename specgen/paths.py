@@ -91,12 +91,20 @@ def write_linked(path: Path, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` fills a hidden temporary beside `path`, which is then linked to the first free numbered name of
     `path` (`link_into_place`: never replacing a file, even one another run made meanwhile); returns the name used.
     The temporary's name is random, not the pid: writers of one pid (containers sharing the folder) would share it."""
-    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+    tmp = linked_temp(path)
     try:
         write(tmp)
         return link_into_place(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def linked_temp(path: Path) -> Path:
+    """A fresh random hidden temporary name `.NAME.XXXXXXXX.tmp` beside `path`, for a writer that links it into place.
+    A killed earlier writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
+    the requested `path`, whatever numbered name it was linked to, so the user's folder keeps none for good."""
+    remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*.tmp")
+    return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
 
 
 def link_into_place(tmp: str | Path, path: Path) -> Path:
@@ -120,7 +128,7 @@ def umask() -> int:
 
 def write_new(path: Path, text: str) -> bool:
     """Write `text` to `path` only if no file is there yet (a temporary linked into place); False when taken."""
-    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")  # not the pid: writers on other hosts share it
+    tmp = linked_temp(path)  # not the pid: writers on other hosts share it
     try:
         tmp.write_text(text)
         os.link(tmp, path)

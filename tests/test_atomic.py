@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text, write_new
+from specgen.paths import atomic_dir, atomic_write, atomic_write_bytes, atomic_write_text, write_linked, write_new
 
 
 def names(folder: Path) -> list[str]:
@@ -167,6 +167,27 @@ def test_write_new_of_two_racing_writers_gives_the_file_to_one(tmp_path, monkeyp
     monkeypatch.setattr(os, "getpid", lambda: 1)
     assert not write_new(out, "A")
     assert out.read_text() == "B" and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+@pytest.mark.parametrize("writer", ["write_linked", "write_new"])
+def test_a_killed_writers_temporary_goes_at_the_next_linked_write(tmp_path, writer):
+    """`kill -9` of `specgen generate -o DIR` while it wrote an image or mesh left `.NAME.XXXXXXXX.tmp` in DIR for
+    good; the next write of that name (linked to a free numbered one or not) removes one untouched for an hour and
+    keeps a fresh one (a live writer's) and other files' temporaries."""
+    import time
+
+    out = tmp_path / "a.png"
+    stale, live, other = (tmp_path / n for n in (".a.png.ab12cd34.tmp", ".a.png.ef56ab78.tmp", ".b.png.ab12cd34.tmp"))
+    for f in (stale, live, other):
+        f.write_bytes(bytes(64))
+    os.utime(stale, (time.time() - 2 * 3600,) * 2)
+    os.utime(other, (time.time() - 2 * 3600,) * 2)
+    if writer == "write_linked":
+        out.write_bytes(b"earlier")  # the new file takes a free numbered name; the sweep is of the requested name's
+        assert write_linked(out, lambda tmp: tmp.write_bytes(b"png")) == tmp_path / "a-1.png"
+    else:
+        assert write_new(out, "png")
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 def test_paths_imports_nothing_heavy():
