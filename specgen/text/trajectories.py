@@ -169,11 +169,12 @@ def load_prompt_texts(cfg: CollectConfig) -> tuple[list[str], str, str]:
         texts, source, fp = stdlib_prompts(), "stdlib", stdlib_fingerprint()
     else:
         texts = read_prompts(cfg.prompts, field=cfg.prompt_field)
-        source = str(Path(cfg.prompts).expanduser().resolve())
+        # stdin is "-" as --prompts names it (a path resolved from the working folder would differ at a resume)
+        source = "-" if cfg.prompts == "-" else str(Path(cfg.prompts).expanduser().resolve())
         fp = hashlib.sha256("\n\0".join(texts).encode("utf-8")).hexdigest()[:12]
     texts = texts[cfg.offset:][: cfg.limit or None]  # limit 0: all
     if not texts:
-        raise UsageError(f"no prompts left in {source} after offset {cfg.offset}")
+        raise UsageError(f"no prompts left in {'<stdin>' if source == '-' else source} after offset {cfg.offset}")
     assert_no_humaneval_overlap(texts)  # HumanEval is never used for training
     return texts, source, fp
 

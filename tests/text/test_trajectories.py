@@ -149,6 +149,26 @@ def test_records_after_a_merge_include_shards_collected_since(tiny_text, tmp_pat
     assert rows(out) == rows(whole)
 
 
+def test_stdin_prompts_are_recorded_as_dash_and_resume_from_another_folder(tiny_text, tmp_path, monkeypatch):
+    """`--prompts -` recorded prompt_source "<cwd>/-" (a path resolved from the folder it ran in): a resume with the
+    same prompts on stdin from another folder was refused as other prompts. Stdin is "-", as --prompts and a
+    benchmark's config name it; "stdlib" stays as given, a file is its resolved path."""
+    import io
+
+    text = tiny_text.read_text()
+    out = tmp_path / "t"
+    for cwd in (tmp_path, tiny_text.parent.parent):  # a resume from another folder, same prompts on stdin
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr("sys.stdin", io.StringIO(text))
+        T.collect(cfg("-", limit=2), out)
+        assert T.read_meta(out)["prompt_source"] == "-"
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    assert T.load_prompt_texts(cfg("-"))[1:] == ("-", T.load_prompt_texts(cfg(tiny_text))[2])  # same fingerprint
+    assert T.load_prompt_texts(cfg(tiny_text))[1] == str(tiny_text.resolve())
+    monkeypatch.setattr(T, "stdlib_prompts", lambda: ["def f(): pass"])  # not the slow walk of the stdlib
+    assert T.load_prompt_texts(cfg("stdlib"))[1] == "stdlib"
+
+
 def test_the_collect_dtype_is_the_one_given_else_the_model_names():
     """A `+bf16` suffix is the dtype where none was given (the config's float32 is a default: it was read as given and
     refused the suffix); one given must agree with it."""
