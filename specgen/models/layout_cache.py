@@ -20,7 +20,8 @@ from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 from specgen.paths import atomic_write, remove_stale_temps
 
-VERSION = 2  # of the stored forms below: a change makes every earlier file a miss
+VERSION = 3  # of the stored forms below: a change makes every earlier file a miss (3: files are written only for
+# weights `load_state` found finite; an earlier one may hold NaN it never checked)
 #: Every tensor's data starts at a multiple of this in the file, so in the page-aligned mapping too: torch's kernels
 #: (e.g. `_weight_int8pack_mm`) use aligned vector loads, as on tensors from torch's own 64-byte aligned allocator.
 ALIGN = 64

@@ -556,6 +556,20 @@ def test_declared_sizes_beyond_the_weights_are_a_corrupt_entry(tiny):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_nan_weights_are_refused_at_load_in_one_line(tiny, temperature):
+    """NaN weights: sampling failed "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0",
+    naming no checkpoint, and greedy decoding printed garbage, exit 0."""
+    from safetensors.torch import load_file, save_file
+
+    weights = checkpoints.find("tiny-text").path / "model.safetensors"
+    state = load_file(str(weights))
+    state["norm.weight"][0] = float("nan")
+    save_file(state, str(weights))
+    check_refusal(tiny, [*GEN, "--max-new-tokens", "2", "--temperature", temperature], 1,
+                  f"target/tiny-text: weights {weights} hold NaN or infinite values in norm.weight")
+
+
 # ---- names, registry destinations, output destinations --------------------------------------------------------
 @pytest.fixture
 def pt_file(tiny):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -182,6 +183,25 @@ def test_weights_of_an_integer_dtype_for_float_parameters_are_refused(specgen_ho
     state["output.weight"] = state["output.weight"].to(torch.int32)
     save_file(state, str(weights))
     with pytest.raises(CheckpointError, match=r"output.weight is stored as int32, the model holds float32"):
+        checkpoints.load_module(checkpoints.find("tiny-img"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_holding_nan_or_inf_are_refused_naming_the_tensor(specgen_home, bad):
+    """A NaN or inf weight loaded silently, then failed when sampling with a line naming no checkpoint, or (greedy)
+    decoded garbage, exit 0; the load is one CheckpointError naming the entry, the file and the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    from specgen import checkpoints
+    from tests.image_fixtures import register_tiny_image_target
+
+    entry = register_tiny_image_target()
+    weights = entry.path / "model.safetensors"
+    state = load_file(str(weights))
+    state["layers.1.feed_forward.w2.weight"][3, 5] = bad
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=rf"^target/tiny-img: weights {re.escape(str(weights))} hold NaN or "
+                                              r"infinite values in layers\.1\.feed_forward\.w2\.weight$"):
         checkpoints.load_module(checkpoints.find("tiny-img"))
 
 
