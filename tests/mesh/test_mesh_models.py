@@ -125,6 +125,10 @@ def test_lora_merge_equals_wrapped_and_saved_adapter():
         torch.testing.assert_close(fresh.forward_train(*x)[0], wrapped, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError):
         merge_lora_state(fresh, {"decoder.nope.lora_A": torch.zeros(1), "decoder.nope.lora_B": torch.zeros(1)}, 4, 8)
+    first = min(k for k in state if k.endswith("lora_B"))
+    poisoned = {**state, first: state[first].clone().index_fill_(0, torch.tensor([0]), float("nan"))}
+    with pytest.raises(ValueError, match=rf"adapter layer {first.removesuffix('.lora_B')} holds NaN or infinite"):
+        merge_lora_state(tiny_mesh_model(), poisoned, 4, 8)  # merged, it would make the layer's weights NaN
 
 
 def test_registry_round_trip_and_foreign_heads():
