@@ -302,6 +302,21 @@ def picked_rows(suite: str, cfg: Any, explicit: dict, recipe: dict) -> Any:
 SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, "meshes": mesh_plan}
 
 
+RECIPE_PATH = re.compile(r"recipes/[\w./-]+?\.ya?ml")
+
+
+def made_by(line: str) -> str:
+    """The command line in its header that runs the recipe a header `line` names (recipes name each other from the
+    checkout's root), as the entry's maker ("" if it names none, or none that says its command, or gives overrides
+    after it: `name=...` makes another entry than the recipe's header runs)."""
+    m = RECIPE_PATH.search(line)
+    recipe = Path(m[0]) if m else None
+    if recipe is None or not recipe.is_file() or re.search(r"\s\w+=\S", line[m.end():]):
+        return ""
+    runs = re.compile(rf"(--config|-c) {re.escape(m[0])}( |$)")
+    return next((ln.strip() for ln in header(recipe).split("\n") if runs.search(ln)), "")
+
+
 def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
     """Does `name` resolve in the registry, and do its weights fit its builder (headers only)? Nothing is
     materialised or loaded."""
@@ -322,7 +337,9 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     how = hints.get(bare) or hints.get(base)
     said = next((line.strip() for line in comments.split("\n")
                  if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")
-    advice = (f"import it: `{how}`" if how else f"the recipe's header: {said}" if said else
+    made = made_by(said)
+    advice = (f"import it: `{how}`" if how else f"make it: `{made}`" if made else
+              f"the recipe's header: {said}" if said else
               f"import it (`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that "
               "registers it (see the recipe's header)")
     return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); {advice}")

@@ -43,12 +43,13 @@ def test_full_recipes_parse_and_their_keys_are_valid(path):
     if path.name.startswith("bench-"):
         assert missing, "a full benchmark names checkpoints this machine does not have"
     for r in missing:
-        name = r["detail"].split(":")[0]
-        assert name in r["detail"][len(name):], r
-        # what to do: the import command, the recipe or script that makes it, or that nothing makes it (the
-        # generic 'import it (`specgen registry import FILE ...`) or run the step' and a header line cut mid-
-        # sentence do not say)
-        assert re.search(r"import it: `specgen registry import|recipes/full/\S+|no producer", r["detail"], re.I), r
+        name, _, advice = r["detail"].partition(":")
+        # what to do: the import command naming it, the command of the recipe that makes it (from that recipe's
+        # header), that recipe with its overrides, the script, or that nothing makes it (the generic 'import it (`specgen registry import FILE ...`)
+        # or run the step' and a header line cut mid-sentence do not say)
+        assert re.search(rf"import it: `specgen registry import .*{re.escape(name)}|make it: `.* --config "
+                         r"recipes/full/\S+\.yaml|header: .*recipes/full/\S+\.yaml \w+=|recipes/full/\S+\.sh|no producer", advice,
+                         re.I), r
 
 
 def test_full_recipe_names_the_import_command_of_a_missing_checkpoint():
