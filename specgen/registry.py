@@ -12,6 +12,7 @@ import shutil
 import socket
 import time
 from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,6 +34,27 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # no '+': `--model NAME+int
 DIGEST = "weights_digest"  # config.json key: the weights' tensors_digest, recorded once by `save`
 FILE = "weights_file"  # config.json key: [size, mtime_ns] of the weights file DIGEST was recorded for
 STALE_FOREIGN_S = 24 * 3600  # temporaries older than this are removed whoever wrote them (see remove_stale_temporaries)
+TRAINED_IN = "trained_in"  # config.json key: the run folder a training command registered the entry from
+#: (run folder, resumed) of the training command registering now (`training_run`): its entries record the folder,
+#: and that folder resumed replaces them without --force (a run's own outputs, registered at a `max_minutes` stop)
+RUN: ContextVar[tuple[str, bool] | None] = ContextVar("specgen_registering_run", default=None)
+
+
+@contextmanager
+def registering_from(folder: Path, resumed: bool) -> Iterator[None]:
+    """Saves inside record `folder` as their run folder; with `resumed`, entries it recorded are replaceable."""
+    token = RUN.set((str(Path(folder).resolve()), resumed))
+    try:
+        yield
+    finally:
+        RUN.reset(token)
+
+
+def own_entry(kind: str, name: str) -> bool:
+    """Whether <kind>/<name> was registered from the run folder resumed now (`registering_from`)."""
+    run = RUN.get()
+    meta = installed_meta(f"{kind}/{name}") if run is not None and run[1] else None
+    return bool(meta) and meta.get(TRAINED_IN) == run[0]
 
 
 def home() -> Path:
@@ -195,7 +217,9 @@ def save(
         save_safetensors(tensors, tmp / WEIGHTS)
         if extra:
             extra(tmp)
-        doc = {"kind": kind, "name": name, "specgen_version": __version__, **meta, **({"tied": tied} if tied else {}),
+        run = {TRAINED_IN: RUN.get()[0]} if RUN.get() is not None else {}  # a copied meta's is not this save's
+        doc = {"kind": kind, "name": name, "specgen_version": __version__,
+               **{k: v for k, v in meta.items() if k != TRAINED_IN}, **run, **({"tied": tied} if tied else {}),
                DIGEST: tensors_digest(tensors), FILE: file_stat(tmp / WEIGHTS)}  # after `meta`: a copied config's
         # digest is not these weights'; the rename into place keeps the file's mtime
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
@@ -208,7 +232,7 @@ def save(
         fd = os.open(final.parent, os.O_RDONLY)  # exclusive flock of the kind's folder (no lock file is left behind)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if final.exists() and not force:
+            if final.exists() and not force and not own_entry(kind, name):
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
@@ -245,7 +269,7 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")  # a file, unwritable or full: before converting
-    if not force and (checkpoints_dir() / kind / name).exists():
+    if not force and (checkpoints_dir() / kind / name).exists() and not own_entry(kind, name):
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
 
 

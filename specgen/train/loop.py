@@ -368,7 +368,7 @@ class Loop:
                 t_last, c_last = time.perf_counter(), time.process_time()
             if o.max_minutes > 0 and s < stop and BUDGETS[o.budget](p) > o.max_minutes:  # every session steps once
                 p.stopped_early = True
-                self.log(f"max_minutes={o.max_minutes} reached at step {s}: checkpointed; the same command with --force continues it (replacing what it registers now)")
+                self.log(f"max_minutes={o.max_minutes} reached at step {s}: checkpointed; run again to continue")
                 break
         if checkpoint is not None and saved_at != p.step:
             self._save(task, checkpoint, p)

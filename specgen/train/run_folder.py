@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
+from specgen import registry
 from specgen.devices import train_device
 from specgen.errors import UsageError
 from specgen.paths import check_folder
@@ -76,8 +77,9 @@ def training_run(out: Path, record: dict[str, Any], outputs: list[tuple[str, str
     """A training command's run inside `run_folder`, its device, folder and registry writes checked before anything
     loads; yields (logger of OUT/train.log, echoed unless `quiet`; the device)."""
     dev = train_device(device)
-    check_resume(out, record, loose=loose)
-    check_outputs(outputs, force)
-    with run_folder(out, record):
-        yield file_logger(Path(out) / "train.log", echo=not quiet), dev
+    # the entries a resumed run registered before (at a `max_minutes` stop) are its own: replaced without --force
+    with registry.registering_from(out, resumed=check_resume(out, record, loose=loose)):
+        check_outputs(outputs, force)
+        with run_folder(out, record):
+            yield file_logger(Path(out) / "train.log", echo=not quiet), dev
 

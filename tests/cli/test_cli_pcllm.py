@@ -135,13 +135,18 @@ def test_interrupted_distill_leaves_a_loadable_checkpoint(traj, tmp_path):
     assert r.exit_code == 0, r.output
     assert _state_step(out) == 1
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+    stopped = checkpoints.find("adapter/tiny-pc-lora").meta[registry.TRAINED_IN]
+    assert stopped == str(out.resolve())  # the stopped run registered its outputs, recording its folder
+    # another run folder (fresh) may not replace them without --force
+    r = invoke("distill", "--out", tmp_path / "other", "--trajectories", traj, "--model", "tiny-text", "--name",
+               "tiny-pc", "--steps", 6, *DISTILL)
+    assert r.exit_code == 2 and "adapter/tiny-pc-lora already exists" in r.stderr
+    # the same command resumes and replaces its own outputs, as its log line and the README say
     r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
                "--steps", 6, *DISTILL)
-    assert r.exit_code == 2 and "adapter/tiny-pc-lora already exists" in r.stderr  # the stopped run registered it
-    r = invoke("distill", "--out", out, "--trajectories", traj, "--model", "tiny-text", "--name", "tiny-pc",
-               "--steps", 6, "--force", *DISTILL)
-    assert r.exit_code == 0 and "resumed at step 1/6" in r.stderr
+    assert r.exit_code == 0 and "resumed at step 1/6" in r.stderr, r.output
     assert _state_step(out) == 6
+    assert checkpoints.find("target/tiny-pc").meta["metrics"]["steps"] == 6  # replaced by the finished run's
 
 
 def test_a_run_folder_or_a_damaged_checkpoint_folder_as_model_says_why_it_is_none(traj, tmp_path):
