@@ -217,7 +217,8 @@ def save(
         save_safetensors(tensors, tmp / WEIGHTS)
         if extra:
             extra(tmp)
-        run = {TRAINED_IN: RUN.get()[0]} if RUN.get() is not None else {}  # a copied meta's is not this save's
+        # a copied meta's is not this save's; a built-in is installed from its files, whoever rebuilt them
+        run = {TRAINED_IN: RUN.get()[0]} if RUN.get() is not None and not builtin else {}
         doc = {"kind": kind, "name": name, "specgen_version": __version__,
                **{k: v for k, v in meta.items() if k != TRAINED_IN}, **run, **({"tied": tied} if tied else {}),
                DIGEST: tensors_digest(tensors), FILE: file_stat(tmp / WEIGHTS)}  # after `meta`: a copied config's
