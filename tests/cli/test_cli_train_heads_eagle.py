@@ -31,12 +31,13 @@ def test_train_heads_eagle_end_to_end(tmp_path):
     drafter = checkpoints.load_module(entry)
     assert drafter.cfg.n_layers == 1 and entry.meta["builder"] == "eagle"
     assert (out / "state.safetensors").is_file() and (out / "train.log").is_file()
-    # rerun resumes from the finished state (no new training steps) and re-registers, with --force only
+    # rerun resumes from the finished state (no new training steps) and re-registers its own entry; from another
+    # run folder, only with --force
     again = ["train-heads", "--kind", "eagle", "--out", str(out), "--format", "json", "-q", "target=tiny-img",
              "name=tiny-img-eagle", f"data_cache={tmp_path / 'cache'}", *QUICK]
+    other = runner.invoke(app, [*again[:4], str(tmp_path / "other"), *again[5:]])
+    assert other.exit_code == 2 and "draft/tiny-img-eagle already exists" in other.stderr, other.output
     r2 = runner.invoke(app, again)
-    assert r2.exit_code == 2 and "draft/tiny-img-eagle already exists" in r2.stderr, r2.output
-    r2 = runner.invoke(app, [*again, "--force"])
     assert r2.exit_code == 0, r2.output
     assert "resumed at step 2/2" in (out / "train.log").read_text()
     # the refusal's other way on, name=NEW (was: 'a different config'), and a ship_dir (was: the CLI let it pass,

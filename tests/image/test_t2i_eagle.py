@@ -139,8 +139,8 @@ def test_train_heads_eagle_on_a_t2i_target(t2i_registry):  # noqa: F811
         docs[method] = [i["tokens"] for i in json.loads(g.stdout)["images"]]
     assert docs["adt-tree"] == docs["ar"] and len(docs["ar"]) == 2
 
-    # a rerun resumes (re-registering takes --force); other captions content is other data and refuses this state
-    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}", "--force")
+    # a rerun resumes (re-registering its own entry); other captions content is other data and refuses this state
+    r = train_heads(t2i_registry, out, "target=t2i-gpt", "name=t2i-trained", f"captions={caps}")
     assert r.exit_code == 0, r.output
     assert "resumed at step 2/2" in (out / "train.log").read_text()
     save_file({"features": torch.randn(3, 2, CAP)}, str(caps))
