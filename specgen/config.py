@@ -81,16 +81,19 @@ def read_recipe(p: Path) -> dict:
                       if isinstance(doc.get(k), str) and doc[k] and not os.path.isabs(doc[k])}}
 
 
-MAX_RECIPE_VALUES = 100_000  # a recipe holds tens of values; OmegaConf copies an alias's expansion, each copy
+MAX_RECIPE_VALUES = 100_000  # the shipped recipes hold at most 161; OmegaConf copies every alias out in full
 
 
 def expanded_size(node: Any, sizes: dict[int, int] | None = None) -> int:
-    """How many values `node` holds once YAML's aliases are copied out, counting each shared node once (memoised by
-    identity): aliases of aliases make a few lines hold 10^9 values, which would keep OmegaConf copying for hours."""
+    """How many values `node` holds once YAML's aliases are copied out: an alias counts its whole target, whose count
+    is computed once (memoised by identity). Aliases of aliases make a few lines hold 10^9 values, and an alias inside
+    its own anchor is endless: OmegaConf would copy for hours, or recurse until Python stops it."""
     sizes = {} if sizes is None else sizes
     if id(node) not in sizes:
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        sizes[id(node)] = 1 + sum(expanded_size(v, sizes) for _, v in items)
+        sizes[id(node)] = MAX_RECIPE_VALUES + 1  # while it is counted: reached again through an alias, it is endless
+        parts = [*node, *node.values()] if isinstance(node, dict) else node if isinstance(
+            node, (list, tuple, set, frozenset)) else ()  # (!!omap and !!pairs load as tuples, !!set as a set)
+        sizes[id(node)] = 1 + sum(expanded_size(v, sizes) for v in parts)
     return sizes[id(node)]
 
 

@@ -33,7 +33,8 @@ def test_there_are_full_recipes_for_every_paper():
 
 
 @pytest.mark.parametrize("path", FULL, ids=lambda p: p.name)
-def test_full_recipes_parse_and_their_keys_are_valid(path):
+def test_full_recipes_parse_and_their_keys_are_valid(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # recipes name each other from the checkout's root, found from any working directory
     rows = check_recipe(path)
     checks = by_check(rows)
     assert checks["recipe"]["ok"] and checks["config"]["ok"], rows
@@ -45,11 +46,11 @@ def test_full_recipes_parse_and_their_keys_are_valid(path):
     for r in missing:
         name, _, advice = r["detail"].partition(":")
         # what to do: the import command naming it, the command of the recipe that makes it (from that recipe's
-        # header), that recipe with its overrides, the script, or that nothing makes it (the generic 'import it (`specgen registry import FILE ...`)
-        # or run the step' and a header line cut mid-sentence do not say)
+        # header), that recipe with its overrides, the script, or that nothing makes it (the generic 'import it
+        # (`specgen registry import FILE ...`) or run the step' and a header line cut mid-sentence do not say)
         assert re.search(rf"import it: `specgen registry import .*{re.escape(name)}|make it: `.* --config "
-                         r"recipes/full/\S+\.yaml|header: .*recipes/full/\S+\.yaml \w+=|recipes/full/\S+\.sh|no producer", advice,
-                         re.I), r
+                         r"recipes/full/\S+\.yaml|header: .*recipes/full/\S+\.yaml \w+=|recipes/full/\S+\.sh|"
+                         r"no producer", advice, re.I), r
 
 
 def test_full_recipe_names_the_import_command_of_a_missing_checkpoint():
@@ -156,11 +157,15 @@ def test_unparseable_recipes_are_one_line_usage_errors(tmp_path):
     broken.write_text("[" * 5000 + "]" * 5000 + "\n")  # past Python's recursion limit: was a RecursionError, exit 1
     with pytest.raises(UsageError, match="not valid YAML: nested too deep"):
         check_recipe(broken)
-    # aliases of aliases ("billion laughs"): nine levels expand to 10^9 values, which OmegaConf copies forever
-    laughs = ["&a0 [x, x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
-    broken.write_text(f"suite: humaneval\nmethods: [{', '.join(laughs)}]\n")
-    with pytest.raises(UsageError, match=r"expands to over 100,000 values"):
-        check_recipe(broken)
+    # aliases of aliases ("billion laughs"): nine levels expand to 10^9 values, which OmegaConf copies forever; in
+    # a list, in an ordered map (loaded as tuples), and an alias inside its own anchor (endless)
+    laughs = ["&a0 [x, x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]"
+                                                       for i in range(1, 10)]
+    for methods in (f"[{', '.join(laughs)}]", f"!!omap [{', '.join(f'{{k{i}: {v}}}' for i, v in enumerate(laughs))}]",
+                    "&a [ar, *a]"):
+        broken.write_text(f"suite: humaneval\nmethods: {methods}\n")
+        with pytest.raises(UsageError, match=r"expands to over 100,000 values"):
+            check_recipe(broken)
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n- b\n")
     with pytest.raises(UsageError, match="mapping"):
