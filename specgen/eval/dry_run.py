@@ -159,10 +159,10 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
     for role, name in [*names, ("vq", vq)]:
         if name:
             roles.setdefault(name, role)
-    rows += [check_entry(role, name, hints, comments) for name, role in roles.items()]
+    rows += [check_entry(role, name, hints, comments, path) for name, role in roles.items()]
     checked = {n.rpartition("/")[2] for n in roles}
     # the header's other prerequisites (e.g. the VQ an image GPT is imported with)
-    rows += [check_entry("imported", name, hints, comments) for name in hints if name not in checked]
+    rows += [check_entry("imported", name, hints, comments, path) for name in hints if name not in checked]
     for role, value in ((key, getattr(cfg, key)) for key in KINDS[kind].files):
         if value in ("", BUILTIN_PROMPTS):
             continue
@@ -305,21 +305,33 @@ SUITE_PLANS = {"humaneval": text_plan, "text": text_plan, "images": image_plan, 
 RECIPE_PATH = re.compile(r"recipes/[\w./-]+?\.ya?ml")
 
 
-def made_by(line: str) -> str:
-    """The command line in its header that runs the recipe a header `line` names (recipes name each other from the
-    checkout's root), as the entry's maker ("" if it names none, or none that says its command, or gives overrides
-    after it: `name=...` makes another entry than the recipe's header runs)."""
+def made_by(line: str, near: Path | None = None) -> str:
+    """The command in its header that runs the recipe a header `line` names, as the entry's maker ("" if the line
+    names none, none that says its command, or overrides after it: `name=...` makes another entry than the header's
+    command). Recipes name each other from the checkout's root: an ancestor of `near` (the recipe read) or the
+    working directory."""
     m = RECIPE_PATH.search(line)
-    recipe = Path(m[0]) if m else None
-    if recipe is None or not recipe.is_file() or re.search(r"\s\w+=\S", line[m.end():]):
+    if m is None or re.search(r"\s\w+=\S", line[m.end():]):
         return ""
+    roots = [Path.cwd(), *(near.resolve().parents if near is not None else ())]
+    recipe = next((root / m[0] for root in roots if (root / m[0]).is_file()), None)
+    if recipe is None:
+        return ""
+    commands, held = [], ""  # a command continued over lines (a trailing backslash) is quoted whole
+    for ln in header(recipe).split("\n"):
+        held += ln.strip()
+        if held.endswith("\\"):
+            held = held[:-1].rstrip() + " "
+        else:
+            commands.append(re.sub(r"\s{3,}\(.*$", "", held))  # without its remark: `cmd ...      (~75 min)`
+            held = ""
     runs = re.compile(rf"(--config|-c) {re.escape(m[0])}( |$)")
-    return next((ln.strip() for ln in header(recipe).split("\n") if runs.search(ln)), "")
+    return next((c for c in commands if runs.search(c)), "")
 
 
-def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "") -> dict:
+def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "", recipe: Path | None = None) -> dict:
     """Does `name` resolve in the registry, and do its weights fit its builder (headers only)? Nothing is
-    materialised or loaded."""
+    materialised or loaded. `comments`: the header of `recipe`, the recipe read."""
     try:
         base = split_name(name)[0] if "+" in name else name
     except UsageError:
@@ -337,7 +349,7 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "")
     how = hints.get(bare) or hints.get(base)
     said = next((line.strip() for line in comments.split("\n")
                  if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")
-    made = made_by(said)
+    made = made_by(said, recipe)
     advice = (f"import it: `{how}`" if how else f"make it: `{made}`" if made else
               f"the recipe's header: {said}" if said else
               f"import it (`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that "
