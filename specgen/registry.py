@@ -50,11 +50,22 @@ def registering_from(folder: Path, resumed: bool) -> Iterator[None]:
         RUN.reset(token)
 
 
-def own_entry(kind: str, name: str) -> bool:
-    """Whether <kind>/<name> was registered from the run folder resumed now (`registering_from`)."""
+def run_record() -> dict[str, str]:
+    """What a checkpoint written now records of its run folder (`registering_from`): {TRAINED_IN: folder} or {}."""
     run = RUN.get()
-    meta = installed_meta(f"{kind}/{name}") if run is not None and run[1] else None
-    return bool(meta) and meta.get(TRAINED_IN) == run[0]
+    return {} if run is None else {TRAINED_IN: run[0]}
+
+
+def own_checkpoint(folder: Path) -> bool:
+    """Whether the checkpoint in `folder` (a registry entry's, a ship_dir) was written from the run folder resumed now
+    (`registering_from`); an unreadable config.json is nobody's."""
+    run = RUN.get()
+    if run is None or not run[1]:
+        return False
+    try:
+        return json.loads((folder / CONFIG).read_text()).get(TRAINED_IN) == run[0]
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def home() -> Path:
@@ -217,10 +228,10 @@ def save(
         save_safetensors(tensors, tmp / WEIGHTS)
         if extra:
             extra(tmp)
-        # a copied meta's is not this save's; a built-in is installed from its files, whoever rebuilt them
-        run = {TRAINED_IN: RUN.get()[0]} if RUN.get() is not None and not builtin else {}
+        # a copied meta's run folder is not this save's; a built-in is installed from its files, whoever rebuilt them
         doc = {"kind": kind, "name": name, "specgen_version": __version__,
-               **{k: v for k, v in meta.items() if k != TRAINED_IN}, **run, **({"tied": tied} if tied else {}),
+               **{k: v for k, v in meta.items() if k != TRAINED_IN}, **({} if builtin else run_record()),
+               **({"tied": tied} if tied else {}),
                DIGEST: tensors_digest(tensors), FILE: file_stat(tmp / WEIGHTS)}  # after `meta`: a copied config's
         # digest is not these weights'; the rename into place keeps the file's mtime
         (tmp / CONFIG).write_text(json.dumps(doc, indent=2, sort_keys=True, default=str))
@@ -233,7 +244,7 @@ def save(
         fd = os.open(final.parent, os.O_RDONLY)  # exclusive flock of the kind's folder (no lock file is left behind)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            if final.exists() and not force and not own_entry(kind, name):
+            if final.exists() and not force and not own_checkpoint(final):
                 raise UsageError(f"{kind}/{name} already exists (another process wrote it meanwhile); "
                                  "choose another name or pass --force to replace it")
             yield
@@ -270,7 +281,8 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
     check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")  # a file, unwritable or full: before converting
-    if not force and (checkpoints_dir() / kind / name).exists() and not own_entry(kind, name):
+    folder = checkpoints_dir() / kind / name
+    if not force and folder.exists() and not own_checkpoint(folder):
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
 
 

@@ -131,7 +131,7 @@ def check_outputs(outputs: list[tuple[str, str, str]], force: bool = False, rena
                                  "ship_dir= for none")
             # any other folder already holding a checkpoint: replaced only with --force, as a registry entry is
             held = [f for f in (registry.WEIGHTS, registry.CONFIG) if (Path(ship) / f).exists()]
-            if held and not force:
+            if held and not force and not registry.own_checkpoint(Path(ship)):  # a resumed run's own: replaced
                 raise UsageError(f"ship_dir {ship} already holds {held[0]}; pass --force to replace it, or use "
                                  "another ship_dir (ship_dir= for none)")
         if name and not rebuilds:
@@ -151,5 +151,5 @@ def publish(kind: str, name: str, ship_dir: str, state: dict[str, torch.Tensor],
         return registry.entry_at(registry.checkpoints_dir() / kind / name)
     entry = registry.save(kind, name, state, meta, dtype=torch.float16, force=force) if name else None
     if ship_dir:
-        write_entry(Path(ship_dir), state, {"kind": kind, "name": name or fallback, **meta})
+        write_entry(Path(ship_dir), state, {"kind": kind, "name": name or fallback, **meta, **registry.run_record()})
     return entry

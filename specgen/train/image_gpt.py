@@ -27,7 +27,7 @@ from specgen.models.transformer import Transformer
 from specgen.train.checkpoint import brief, cached_tensors, check_outputs, fp16_state, publish, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
+from specgen.train.script import parse_recipe, print_metrics, registering, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -304,8 +304,9 @@ def main(argv: list[str] | None = None, config: type[ImageGPTTrainConfig] = Imag
          recipe: str = "recipes/tiny/image-gpt.yaml") -> int:
     """The script of `module` (this one, or image_gpt_lowres with its config class)."""
     cfg, args, log = parse_recipe(script_parser(module, doc, recipe, registers=True), config, argv)
-    return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device,
-                               force=args.force))
+    with registering(args.out):
+        return print_metrics(train(cfg, Path(args.out), log, command=f"python -m {module}", device=args.device,
+                                   force=args.force))
 
 
 if __name__ == "__main__":

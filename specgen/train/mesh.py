@@ -21,7 +21,7 @@ from specgen.train.checkpoint import check_outputs, fp16_state, publish, write_e
 from specgen.train.mesh_embedding import FactoredTable
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
-from specgen.train.script import parse_recipe, print_metrics, run_script, script_parser
+from specgen.train.script import parse_recipe, print_metrics, registering, run_script, script_parser
 
 
 @dataclass(frozen=True)
@@ -219,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
                            registers=True)
     parser.add_argument("--register", default=None, help="also install the result as target/NAME")
     cfg, args, log = parse_recipe(parser, MeshTrainConfig, argv)
-    check_outputs([("target", args.register or "", cfg.ship_dir)], args.force, "--register NEW")  # before training
-    return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or "",
-                               force=args.force))
+    with registering(args.out):
+        check_outputs([("target", args.register or "", cfg.ship_dir)], args.force, "--register NEW")  # before training
+        return print_metrics(train(cfg, Path(args.out), log, device=args.device, register=args.register or "",
+                                   force=args.force))
 
 
 if __name__ == "__main__":

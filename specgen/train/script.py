@@ -8,9 +8,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from specgen import registry
 from specgen.config import load_config
 from specgen.devices import train_device
 from specgen.errors import SpecgenError
@@ -59,6 +61,12 @@ def parse_recipe(parser: argparse.ArgumentParser, cls: type[T],
     args.device = train_device(args.device)  # a missing device: one line, before anything loads
     cfg = load_config(cls, args.config, args.overrides)
     return cfg, args, file_logger(Path(args.log) if args.log else Path(args.out) / "train.log")
+
+
+def registering(out: str | Path) -> AbstractContextManager:
+    """A script's registry writes from its run folder `out`: resumed (it holds a state), the run replaces what it
+    registered itself without --force, as the CLI's training commands do (`registry.registering_from`)."""
+    return registry.registering_from(Path(out), resumed=(Path(out) / "state.safetensors").is_file())
 
 
 def print_metrics(metrics: dict[str, Any]) -> int:

@@ -31,6 +31,15 @@ def test_registering_scripts_take_force(tmp_path):
              "batch_size=4", "samples_per_class=1", f"token_cache={tmp_path / 'tok'}", "n_layers=1"]
     assert image_gpt.main([*quick, "--force"]) == 0
     assert checkpoints.find("target/taken").meta["created_by"] == "python -m specgen.train.image_gpt"
+    # rerun into its folder (resumed: a max_minutes stop registered, then "run again to continue"), the run replaces
+    # what it wrote itself, its ship_dir's files too, without --force; from another folder, not
+    shipped = ["--out", str(tmp_path / "shipped"), "name=taken", f"ship_dir={tmp_path / 'ship'}", *quick[4:]]
+    assert image_gpt.main([*shipped, "--force"]) == 0 and (tmp_path / "ship" / "model.safetensors").is_file()
+    assert image_gpt.main(shipped) == 0
+    with pytest.raises(UsageError, match="ship_dir .* already holds model.safetensors; pass --force"):
+        image_gpt.main(["--out", str(tmp_path / "other"), *shipped[2:]])
+    with pytest.raises(UsageError, match="target/taken already exists"):
+        image_gpt.main(["--out", str(tmp_path / "other"), *quick[2:]])
 
 
 def test_the_mesh_script_names_its_own_rename_option(tmp_path, capsys):
