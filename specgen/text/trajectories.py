@@ -107,8 +107,15 @@ def read_meta(folder: Path) -> dict:
     return meta
 
 
+def stdin_source(source: object) -> object:
+    """A prompt source as compared, stdin as "-": folders collected before stdin was recorded so held "<cwd>/-" (a
+    file named `-` compares alike; the prompts' fingerprint still tells them apart)."""
+    return "-" if isinstance(source, str) and source.endswith("/-") else source
+
+
 def check_meta(old: dict, new: dict) -> None:
     """Refuse to mix trajectories of different targets, tokenizers, block sizes or prompt sources."""
+    old, new = ({**m, "prompt_source": stdin_source(m.get("prompt_source"))} for m in (old, new))
     for key in ("target", "tokenizer_hash", "block_size", "max_new_tokens", "prompt_source", "prompt_fingerprint",
                 "chat"):
         if old.get(key) != new.get(key):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -162,6 +164,11 @@ def test_stdin_prompts_are_recorded_as_dash_and_resume_from_another_folder(tiny_
         monkeypatch.setattr("sys.stdin", io.StringIO(text))
         T.collect(cfg("-", limit=2), out)
         assert T.read_meta(out)["prompt_source"] == "-"
+    # a folder collected before, which recorded "<cwd>/-", resumes alike
+    meta = json.loads((out / T.META).read_text())
+    (out / T.META).write_text(json.dumps({**meta, "prompt_source": f"{tmp_path}/-"}))
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    T.collect(cfg("-", limit=3), out)
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     assert T.load_prompt_texts(cfg("-"))[1:] == ("-", T.load_prompt_texts(cfg(tiny_text))[2])  # same fingerprint
     assert T.load_prompt_texts(cfg(tiny_text))[1] == str(tiny_text.resolve())
