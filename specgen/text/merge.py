@@ -66,7 +66,7 @@ def merged_module(adapter: registry.Entry, base: registry.Entry, device: str = "
         merge_lora_state(module, registry.read_state(adapter) if state is None else state,
                          adapter.meta["lora_rank"], adapter.meta["lora_alpha"] * merge_scale(adapter.meta, scale))
     except (ValueError, KeyError) as e:
-        raise IncompatibleError(f"{adapter.ref} does not fit {base.ref}: {e}") from None
+        raise IncompatibleError(f"{adapter.ref} cannot merge into {base.ref}: {e}") from None
     return module.eval(), tokenizer
 
 

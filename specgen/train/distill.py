@@ -257,7 +257,10 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     model = tm.module.float().train()
     torch.manual_seed(cfg.seed)
     if init is not None and cfg.finetune == "full":
-        merge_lora_state(model, registry.read_state(init), init.meta["lora_rank"], init.meta["lora_alpha"])
+        try:
+            merge_lora_state(model, registry.read_state(init), init.meta["lora_rank"], init.meta["lora_alpha"])
+        except ValueError as e:  # its layers do not fit, or hold NaN: one line naming the adapter
+            raise IncompatibleError(f"{init.ref} cannot merge into {tm.entry.ref}: {e}") from None
     if cfg.finetune == "lora":
         model.requires_grad_(False)
         apply_lora(model, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)
