@@ -102,7 +102,8 @@ def write_linked(path: Path, write: Callable[[Path], object]) -> Path:
 def linked_temp(path: Path) -> Path:
     """A fresh random hidden temporary name `.NAME.XXXXXXXX.tmp` beside `path`, for a writer that links it into place.
     A killed earlier writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
-    the requested `path`, whatever numbered name it was linked to, so the user's folder keeps none for good."""
+    the requested `path`, whatever numbered name it was linked to, so one stays only until that name is written again
+    (a killed mesh's preview, whose next run picks another stem, keeps its own)."""
     remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*.tmp")
     return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
 
