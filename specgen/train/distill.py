@@ -259,7 +259,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     if init is not None and cfg.finetune == "full":
         try:
             merge_lora_state(model, registry.read_state(init), init.meta["lora_rank"], init.meta["lora_alpha"])
-        except ValueError as e:  # its layers do not fit, or hold NaN: one line naming the adapter
+        except (ValueError, KeyError) as e:  # its layers do not fit, or hold NaN: one line naming the adapter
             raise IncompatibleError(f"{init.ref} cannot merge into {tm.entry.ref}: {e}") from None
     if cfg.finetune == "lora":
         model.requires_grad_(False)
