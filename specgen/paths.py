@@ -89,8 +89,7 @@ def free_path(path: Path) -> Path:
 
 def write_linked(path: Path, write: Callable[[Path], object]) -> Path:
     """`write(tmp)` fills a hidden temporary beside `path`, which is then linked to the first free numbered name of
-    `path` (`link_into_place`: never replacing a file, even one another run made meanwhile); returns the name used.
-    The temporary's name is random, not the pid: writers of one pid (containers sharing the folder) would share it."""
+    `path` (`link_into_place`: never replacing a file, even one another run made meanwhile); returns the name used."""
     tmp = linked_temp(path)
     try:
         write(tmp)
@@ -100,8 +99,9 @@ def write_linked(path: Path, write: Callable[[Path], object]) -> Path:
 
 
 def linked_temp(path: Path) -> Path:
-    """A fresh random hidden temporary name `.NAME.XXXXXXXX.tmp` beside `path`, for a writer that links it into place.
-    A killed earlier writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
+    """A fresh hidden temporary name beside `path`, `.<name>.<8 random hex digits>.tmp`, for a writer that links it into
+    place: random, not the pid, which writers of one pid (containers sharing the folder) would share. A killed earlier
+    writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
     the requested `path`, whatever numbered name it was linked to, so one stays only until that name is written again
     (a killed mesh's preview, whose next run picks another stem, keeps its own)."""
     remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*.tmp")
@@ -129,7 +129,7 @@ def umask() -> int:
 
 def write_new(path: Path, text: str) -> bool:
     """Write `text` to `path` only if no file is there yet (a temporary linked into place); False when taken."""
-    tmp = linked_temp(path)  # not the pid: writers on other hosts share it
+    tmp = linked_temp(path)
     try:
         tmp.write_text(text)
         os.link(tmp, path)

@@ -171,8 +171,8 @@ def test_write_new_of_two_racing_writers_gives_the_file_to_one(tmp_path, monkeyp
 
 @pytest.mark.parametrize("writer", ["write_linked", "write_new"])
 def test_a_killed_writers_temporary_goes_at_the_next_linked_write(tmp_path, writer):
-    """`kill -9` of `specgen generate -o DIR` while it wrote an image or mesh left `.NAME.XXXXXXXX.tmp` in DIR for
-    good; the next write of that name (linked to a free numbered one or not) removes one untouched for an hour and
+    """`kill -9` of `specgen generate -o DIR` while it wrote an image or mesh left its `.<name>.<8 hex digits>.tmp` in
+    DIR for good; the next write of that name (linked to a free numbered one or not) removes one untouched for an hour and
     keeps a fresh one (a live writer's) and other files' temporaries."""
     import time
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from specgen.errors import UsageError
+from specgen.registry import finite
 
 
 def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int, alpha: float) -> int:
@@ -25,7 +26,7 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
         a, b = (state[f"{path}.lora_{n}"].to(layer.weight.device, torch.float32) for n in "AB")
         if tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
-        if not bool(torch.isfinite(a).all() and torch.isfinite(b).all()):  # the base's `load_state` checked its own
+        if not (finite(a) and finite(b)):  # the base's `load_state` checked its own weights
             raise ValueError(f"adapter layer {path} holds NaN or infinite values")
         with torch.no_grad():
             layer.weight += (b @ a * scale).to(layer.weight.dtype)
