@@ -28,8 +28,11 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
         if not (finite(a) and finite(b)):  # the base's `load_state` checked its own weights
             raise ValueError(f"adapter layer {path} holds NaN or infinite values")
+        merged = layer.weight.detach() + (b @ a * scale).to(layer.weight.dtype)
+        if not finite(merged):  # finite factors can overflow: their product, or the sum in a float16 weight
+            raise ValueError(f"adapter layer {path} overflows the model's {layer.weight.dtype} weight when merged")
         with torch.no_grad():
-            layer.weight += (b @ a * scale).to(layer.weight.dtype)
+            layer.weight.copy_(merged)
     return len(paths)
 
 

@@ -268,7 +268,11 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
             if (init.meta.get("lora_rank"), init.meta.get("lora_alpha")) != (cfg.lora_rank, cfg.lora_alpha):
                 raise IncompatibleError(f"{init.ref} has rank {init.meta.get('lora_rank')} / alpha "
                                         f"{init.meta.get('lora_alpha')}, not {cfg.lora_rank} / {cfg.lora_alpha}")
-            bad = model.load_state_dict(registry.read_state(init), strict=False).unexpected_keys
+            state = registry.read_state(init)
+            poisoned = next((k for k, v in state.items() if not registry.finite(v)), None)
+            if poisoned:  # training would go on from NaN losses
+                raise IncompatibleError(f"{init.ref} holds NaN or infinite values in {poisoned}")
+            bad = model.load_state_dict(state, strict=False).unexpected_keys
             if bad:
                 raise IncompatibleError(f"{init.ref} adapts {bad[0]}, which this run's lora_targets do not wrap")
     params = [p for p in model.parameters() if p.requires_grad]

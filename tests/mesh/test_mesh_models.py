@@ -129,6 +129,10 @@ def test_lora_merge_equals_wrapped_and_saved_adapter():
     poisoned = {**state, first: state[first].clone().index_fill_(0, torch.tensor([0]), float("nan"))}
     with pytest.raises(ValueError, match=rf"adapter layer {first.removesuffix('.lora_B')} holds NaN or infinite"):
         merge_lora_state(tiny_mesh_model(), poisoned, 4, 8)  # merged, it would make the layer's weights NaN
+    huge = {**state, first: state[first].clone().fill_(1e30)}  # finite, but B @ A overflows float32
+    huge[first.replace("lora_B", "lora_A")] = torch.full_like(state[first.replace("lora_B", "lora_A")], 1e30)
+    with pytest.raises(ValueError, match=rf"adapter layer {first.removesuffix('.lora_B')} overflows"):
+        merge_lora_state(tiny_mesh_model(), huge, 4, 8)
 
 
 def test_registry_round_trip_and_foreign_heads():

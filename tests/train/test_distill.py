@@ -133,6 +133,20 @@ def test_init_adapter_must_belong_to_the_model(traj, tmp_path):
     assert cont["steps"] == 3 and checkpoints.find("adapter/tiny-pc2-lora").meta["init_adapter"] == "tiny-pc-lora"
 
 
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_init_adapter_holding_nan_is_refused(traj, tmp_path, finetune):
+    """A NaN adapter continued by a LoRA run trained on from NaN losses (the full run's merge refused it already)."""
+    from safetensors.torch import save_file
+    distill(config(traj, steps=1), tmp_path / "a")
+    entry = checkpoints.find("adapter/tiny-pc-lora")
+    state = registry.read_state(entry)
+    first = min(state)
+    save_file({**state, first: torch.full_like(state[first], float("nan"))}, str(entry.path / registry.WEIGHTS))
+    with pytest.raises(IncompatibleError, match="^adapter/tiny-pc-lora .*holds NaN or infinite values"):
+        distill(config(traj, steps=1, name="tiny-pc2", finetune=finetune, init_adapter="tiny-pc-lora"),
+                tmp_path / "b")
+
+
 @pytest.mark.slow
 def test_two_process_gloo(traj, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
