@@ -360,7 +360,7 @@ class HeadsTrainer:
         if cfg.stages < 2:
             return result
         # stage 2: LoRA on the backbone decoder + heads, lambda * L_backbone + L_mhd
-        del hidden
+        hidden = None  # stage 1's features [S, L, dim] freed (s1_loss, their one reader, is done)
         apply_lora(self.model.decoder, tuple(cfg.lora_targets), cfg.lora_rank, cfg.lora_alpha)  # on the CPU RNG
         self.model.to(dev)
         lora_params = [p for p in self.model.parameters() if p.requires_grad]
