@@ -199,7 +199,7 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
         # NaN or inf weights load, then fail when sampling, naming no checkpoint (greedy decodes garbage). After the
         # copy, which paged the part in: the check reads memory (~0.04 s for SmolLM2's 538 MB on one core). A CPU
         # text decode load reaches here only on a layout-cache miss (once a weights file); the others at every load
-        if bad := next((k for k in read if part[k].is_floating_point() and not registry.finite(part[k])), None):
+        if bad := registry.nonfinite({k: part[k] for k in read}):
             raise CheckpointError(f"{entry.ref}: weights {entry.path / registry.WEIGHTS} hold NaN or infinite values "
                                   f"in {bad}")
         missing -= set(part)

@@ -15,7 +15,7 @@ from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -402,6 +402,11 @@ def finite(t: torch.Tensor) -> bool:
         return True
     wide = t if t.element_size() > 1 else t.float()  # torch has no float8 aminmax
     return bool(torch.isfinite(torch.stack(torch.aminmax(wide))).all())
+
+
+def nonfinite(tensors: Mapping[str, torch.Tensor]) -> str | None:
+    """The name of the first floating tensor holding NaN or infinity (`finite`), or None."""
+    return next((k for k, t in tensors.items() if t.is_floating_point() and not finite(t)), None)
 
 
 def tensors_digest(state: dict[str, torch.Tensor]) -> str:

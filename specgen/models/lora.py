@@ -26,10 +26,11 @@ def merge_lora_state(model: nn.Module, state: dict[str, torch.Tensor], rank: int
         a, b = (state[f"{path}.lora_{n}"].to(layer.weight.device, torch.float32) for n in "AB")
         if tuple(layer.weight.shape) != (b.shape[0], a.shape[1]):
             raise ValueError(f"adapter layer {path} does not fit the model's weight")
-        if not (finite(a) and finite(b)):  # the base's `load_state` checked its own weights
-            raise ValueError(f"adapter layer {path} holds NaN or infinite values")
         merged = layer.weight.detach() + (b @ a * scale).to(layer.weight.dtype)
-        if not finite(merged):  # finite factors can overflow: their product, or the sum in a float16 weight
+        if not finite(merged):  # a NaN or infinite factor, or finite ones overflowing (the product, a float16 sum);
+            # the base's `load_state` checked its own weights
+            if not (finite(a) and finite(b)):
+                raise ValueError(f"adapter layer {path} holds NaN or infinite values")
             raise ValueError(f"adapter layer {path} overflows the model's {layer.weight.dtype} weight when merged")
         with torch.no_grad():
             layer.weight.copy_(merged)

@@ -269,8 +269,7 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
                 raise IncompatibleError(f"{init.ref} has rank {init.meta.get('lora_rank')} / alpha "
                                         f"{init.meta.get('lora_alpha')}, not {cfg.lora_rank} / {cfg.lora_alpha}")
             state = registry.read_state(init)
-            poisoned = next((k for k, v in state.items() if not registry.finite(v)), None)
-            if poisoned:  # training would go on from NaN losses
+            if poisoned := registry.nonfinite(state):  # training would go on from NaN losses
                 raise IncompatibleError(f"{init.ref} holds NaN or infinite values in {poisoned}")
             bad = model.load_state_dict(state, strict=False).unexpected_keys
             if bad:
