@@ -103,7 +103,7 @@ def linked_temp(path: Path) -> Path:
     place: random, not the pid, which writers of one pid (containers sharing the folder) would share. A killed earlier
     writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
     the requested `path`, whatever numbered name it was linked to, so one stays only until that name is written again
-    (a killed mesh's preview, whose next run picks another stem, keeps its own)."""
+    (a mesh and its preview pick one free stem: their writer sweeps every numbered name's)."""
     remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*.tmp")
     return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
 

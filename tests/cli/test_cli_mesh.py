@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import numpy as np
@@ -448,6 +449,25 @@ def test_a_mesh_file_another_writer_made_meanwhile_is_kept(tmp_path, monkeypatch
     assert (tmp_path / "m.obj").read_text() == (tmp_path / "m.png").read_text() == "the other run's"
     assert (path, png) == (tmp_path / "m-1.obj", str(tmp_path / "m-1.png")) and "\nv " in path.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m-1.obj", "m-1.png", "m.obj", "m.png"]
+
+
+def test_a_killed_runs_preview_temporary_goes_when_the_next_run_picks_another_stem(tmp_path):
+    """Run 1 wrote m.obj and was killed writing its preview: the next run's mesh takes m-1, whose sweep saw only
+    m-1's temporaries, so `.m.png.<hex>.tmp` stayed for good. Fresh ones (a live writer's) and other names' stay."""
+    import time
+
+    import cli.generate_mesh as cli_mesh
+
+    (tmp_path / "m.obj").write_text("run 1's")
+    names = (".m.png.ab12cd34.tmp", ".m-3.obj.ab12cd34.tmp", ".m.png.ef56ab78.tmp", ".n.png.ab12cd34.tmp")
+    stale, stale_numbered, live, other = (tmp_path / n for n in names)
+    for f in (stale, stale_numbered, live, other):
+        f.write_bytes(bytes(8))
+    for f in (stale, stale_numbered, other):
+        os.utime(f, (time.time() - 2 * 3600,) * 2)
+    m = generate_mesh(3)
+    assert cli_mesh.write_files(m.vertices, m.faces, tmp_path, "m", "obj", True)[0] == tmp_path / "m-1.obj"
+    assert not stale.exists() and not stale_numbered.exists() and live.exists() and other.exists()
 
 
 def test_an_out_dir_that_is_a_link_to_nothing_is_refused_before_the_work(tmp_path):
