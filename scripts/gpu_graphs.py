@@ -45,7 +45,6 @@ from specgen.methods.text import EmptyDrafter, NgramDrafter
 from specgen.models import attention, graphs, sliced_linear, static_step
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear, row_invariant
 from specgen.models.transformer import Transformer, TransformerConfig, additive_mask
-from specgen.native import cuda_ops
 
 SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536,
                             norm_eps=1e-5, rope_theta=100000.0, max_seq_len=2048, tie_embeddings=True)
@@ -165,12 +164,6 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar run_ahead 8 --graphs on", tok_s=tokens / s_ra, vs_off=s_off / s_ra, vs_ar=s_on / s_ra,
         exact=exact(res, base), **first)
     busy("ar run_ahead 8", gpu, s_ra / tokens)
-    with mock.patch.object(cuda_ops, "one_launch_products", lambda: True):  # the A/B for SPECGEN_TRITON_PRODUCTS=1:
-        g = attach(model, "on")  # a kernel a product, a block's norms inside them; captures of its own
-        res, s_one, first = measured(EmptyDrafter, prompts)
-    row(suite="text", row="ar --graphs on, one-launch products", tok_s=tokens / s_one, vs_off=s_off / s_one,
-        vs_ar=s_on / s_one, same_tokens_as_sliced=exact(res, base), **first)
-    g = attach(model, "on")
     ng = lambda: NgramDrafter(NgramOptions(**gpu_defaults(NgramOptions)))  # noqa: E731  (16 tokens, n-grams 3..1)
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,
@@ -536,13 +529,10 @@ def scale_rows() -> None:
         if DEVICE != "cuda":
             cfg = dataclasses.replace(cfg, n_layers=1, vocab_size=min(cfg.vocab_size, 512))
         times = {}
-        # label -> (config, chain lengths, what the pass changes): "one launch", the target again with
-        # SPECGEN_TRITON_PRODUCTS=1's products (one kernel a product at any row count); "128-row slices", SlicedLinear
-        # with slices of 128 rows (one GEMM for CFG's 2 x 64 nodes, where 64-row slices run two): which keeps c(64)
+        # label -> (config, chain lengths, what the pass changes): "128-row slices", SlicedLinear with slices of 128 rows (one GEMM for CFG's 2 x 64 nodes, where 64-row slices run two): which keeps c(64)
         # near 1 without a dearer step decides the products' default
         drafter = dataclasses.replace(cfg, n_layers=1)
         passes = {"target": (cfg, (1, 4, 8, 16, 32, 64), None), "drafter": (drafter, (frontier,), None),
-                  "one launch": (cfg, (1, 64), mock.patch.object(cuda_ops, "one_launch_products", lambda: True)),
                   "128-row slices": (cfg, (1, 64), mock.patch.object(sliced_linear, "SLICE_ROWS", 128))}
         if rows == 1:  # no CFG: a 64-node verify is one 64-row slice already
             del passes["128-row slices"]
@@ -578,8 +568,6 @@ def scale_rows() -> None:
         row(suite="scale", row=name, step_ms=1e3 * one, **{f"c({n})": times[("target", n)] / one for n in
                                                           (4, 8, 16, 32, 64)},
             drafter_level=times[("drafter", frontier)] / one, frontier=frontier,
-            one_launch_step_ms=1e3 * times[("one launch", 1)],
-            one_launch_c64=times[("one launch", 64)] / times[("one launch", 1)],
             **({} if rows == 1 else dict(slices128_step_ms=1e3 * times[("128-row slices", 1)],
                                          slices128_c64=times[("128-row slices", 64)] / times[("128-row slices", 1)])))
 

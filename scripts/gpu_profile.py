@@ -2,7 +2,7 @@
 
 Cases (greedy, graphs on, each run once to capture and once under `torch.profiler`):
 - text AR at batch 1 and at batch 16: SmolLM2-135M's shape, random weights, bfloat16 (gpu_graphs.py's text rows),
-  short prompts so the eager prefills stay a small part; batch 16 again with `SPECGEN_TRITON_PRODUCTS=1`'s products;
+  short prompts so the eager prefills stay a small part;
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
   image rows);
@@ -37,7 +37,6 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from unittest import mock
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -53,7 +52,6 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models import graphs
 from specgen.models.sliced_linear import row_invariant
 from specgen.models.transformer import Transformer
-from specgen.native import cuda_ops
 
 
 def profiled(run, device: str, models) -> tuple[float, int, list, pstats.Stats, float | None, int]:
@@ -141,16 +139,11 @@ def text_cases(device: str, top: int, new: int) -> None:
     target.device = device
     short = [p[:32] for p in prompts_of(16, cfg.vocab_size, seed=1)]  # 32-token prompts: the steps dominate
     mr = lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1, lookup=16))  # noqa: E731
-    for name, make, b, one_launch in (("AR", EmptyDrafter, 1, False), ("AR", EmptyDrafter, 16, False),
-                                      ("AR", EmptyDrafter, 16, True), ("pcllm-mr n 4 + lookup 16", mr, 1, False)):
-        # one launch: SPECGEN_TRITON_PRODUCTS=1's products (a kernel a product instead of SlicedLinear's GEMM slices)
+    for name, make, b in (("AR", EmptyDrafter, 1), ("AR", EmptyDrafter, 16), ("pcllm-mr n 4 + lookup 16", mr, 1)):
         run = lambda: run_batch(target, lambda i: make(), short[:b], new, SamplingParams(),  # noqa: E731
                                 batch_size=b).stats
-        graphs.attach(model, "on", capture=captures(device))  # captures anew for each products
-        with mock.patch.object(cuda_ops, "one_launch_products", lambda _on=one_launch: _on):
-            report(f"text {name}, batch {b}{', one-launch products' if one_launch else ''}",
-                   *profiled(run, device, [model]),
-                   device, top)
+        graphs.attach(model, "on", capture=captures(device))  # captures anew for each case
+        report(f"text {name}, batch {b}", *profiled(run, device, [model]), device, top)
 
 
 def image_case(device: str, top: int) -> None:

@@ -21,7 +21,7 @@ Also counted: eager ops a step, each a kernel launch or a host tensor op the ste
 replay emulation of tests/models/test_graphs.py (each step traced once, replays not counted), so the count is what a
 GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
 replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
-SmolLM2-shape bf16 AR step, with the default products and with one-launch products (`SPECGEN_TRITON_PRODUCTS=1`).
+SmolLM2-shape bf16 AR step.
 The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`); the mesh rows are
 lossless XSpecMesh's heads, with vertex lookup, and its candidate tree (`gpu_graphs.py`'s mesh goal row). With
 `--device cpu` the `host ms/step` column is a step's host work: the time between the loop's refills less the
@@ -357,13 +357,6 @@ def graph_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[in
     return cuda_kernels(lambda: target_step(model, x, steps.k, steps.v, None, b.width)), cfg.n_layers
 
 
-def one_launch_kernels(device: str, cfg: TransformerConfig | None = None) -> tuple[int, int]:
-    """`graph_kernels` with `SPECGEN_TRITON_PRODUCTS=1`'s products where the kernels are (one launch a product, each
-    block's SwiGLU gate with its two products in one: `torch.ops.specgen.gate`)."""
-    with mock.patch.object(cuda_ops, "one_launch_products", cuda_ops.available):
-        return graph_kernels(device, cfg)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -377,9 +370,7 @@ def main() -> None:
         gpu += " (captured steps emulated)"
     print(f"device {gpu}, torch {torch.__version__}")
     kernels, layers = graph_kernels(args.device)
-    one_launch, _ = one_launch_kernels(args.device)
-    print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer); "
-          f"one-launch products: {one_launch} ({one_launch / layers:.1f} a layer)")
+    print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
     if not args.by_op:
         print(f"{'case':<28} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
               f"{'graph kernels/step':>18} {'ms/step':>8} {'host ms/step':>12}  top implicit lines (per step)")

@@ -274,20 +274,10 @@ def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())
 
 
-PRODUCTS = ["sliced", "one launch"]  # SlicedLinear's 64-row GEMM slices, or SPECGEN_TRITON_PRODUCTS=1's one kernel
-
-
-def products(kind: str, monkeypatch) -> None:
-    from specgen.native import cuda_ops
-
-    monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: kind == "one launch")
-
-
-@pytest.mark.parametrize("kind", PRODUCTS)
 @pytest.mark.parametrize("captured", [False, True])
-def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monkeypatch):
-    """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products, in slices or in one
-    launch) and the invariant attention, eager and captured, a 16-node chain verify scores each node bitwise as the 16
+def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
+    """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products in 64-row slices) and
+    the invariant attention, eager and captured, a 16-node chain verify scores each node bitwise as the 16
     AR steps did; and each SlicedLinear row of SmolLM2's product shapes is bitwise the row alone at 16, 64 and 130
     rows."""
     from specgen.models import graphs
@@ -295,7 +285,6 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monke
     from specgen.models.sliced_linear import SlicedLinear
     from tests.models.test_graphs import chain_against_steps
 
-    products(kind, monkeypatch)
     model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
     assert any(type(m) is SlicedLinear for m in model.modules())
     graphs.attach(model, "on" if captured else "off")
@@ -310,8 +299,7 @@ def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured, kind, monke
 
 
 @pytest.mark.parametrize("chunk,length,replays", [(None, 200, 1), (128, 165, 2)])
-@pytest.mark.parametrize("kind", PRODUCTS)
-def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_bits(kind, chunk, length, replays,
+def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_bits(chunk, length, replays,
                                                                                      monkeypatch):
     """A prompt prefilled into a batch's second row as captured chunks (`--graphs on`: one padded chunk of the default
     PROMPT_NODES, or two of 128 nodes, the tiny model's context being 256), against one eager forward (`off`): the
@@ -319,7 +307,6 @@ def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_
     from specgen.models import graphs
     from specgen.models.layout import decode_layout
 
-    products(kind, monkeypatch)
     if chunk:
         monkeypatch.setattr(graphs, "PROMPT_NODES", (chunk,))
     prompt = torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(0))
@@ -338,16 +325,14 @@ def test_a_long_bf16_prompt_prefilled_in_captured_chunks_has_one_eager_forwards_
     assert all(torch.equal(a, b) for a, b in zip(*got))
 
 
-@pytest.mark.parametrize("kind", PRODUCTS)
 @pytest.mark.parametrize("captured", [False, True])
-def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured, kind, monkeypatch):
+def test_a_bf16_tree_scores_its_path_bitwise_as_ar_steps(captured):
     """Trees on the GPU: each query over its visible slots in AR's order (the Triton list kernel, native/cuda_ops.py),
     so a tree verify's path nodes get the AR steps' bits, eager and captured (a target's trees are captured too)."""
     from specgen.models import graphs
     from specgen.models.layout import decode_layout
     from tests.models.test_graphs import tree_against_steps
 
-    products(kind, monkeypatch)
     model = decode_layout(tiny_model(0).to("cuda", torch.bfloat16))
     steps = graphs.attach(model, "on" if captured else "off")
     ar, path = tree_against_steps(model, PROMPT)

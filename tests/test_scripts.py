@@ -61,7 +61,7 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
                          capture_output=True, text=True, cwd=ROOT, check=True).stdout
     cases = [line for line in out.splitlines() if " ms a step " in line]
     assert [c.split(":")[0] for c in cases] == [
-        "text AR, batch 1", "text AR, batch 16", "text AR, batch 16, one-launch products",
+        "text AR, batch 1", "text AR, batch 16",
         "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
         "image EAGLE-2, batch 1", "mesh AR, batch 1",
         "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1"]
@@ -71,8 +71,8 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
             part = line.split()[0]
         elif line.startswith("  ") and part:
             rows[part].append(float(line.split()[-1]))  # a kernel's share of the step; a function's ms a step
-    assert len(rows["kernel"]) == 27 and all(0 < s <= 1 for s in rows["kernel"])
-    assert len(rows["python"]) == 27 and all(ms >= 0 for ms in rows["python"])
+    assert len(rows["kernel"]) == 3 * len(cases) and all(0 < s <= 1 for s in rows["kernel"])  # --top 3 a case
+    assert len(rows["python"]) == 3 * len(cases) and all(ms >= 0 for ms in rows["python"])
     # the captures run through the replay emulation on the CPU, so every case has replays to launch alone
     alone = [float(re.search(r"replays alone ([\d.]+) ms a step", c).group(1)) for c in cases]
     assert all(ms > 0 for ms in alone)
@@ -117,24 +117,6 @@ def test_the_sync_counts_kernel_line_counts_fewer_kernels_with_the_native_ops(mo
     monkeypatch.setattr(cuda_ops, "available", lambda: False)
     torch_kernels, _ = gpu_sync_count.graph_kernels("cpu", cfg)
     assert layers == 2 and native_kernels < torch_kernels
-
-
-def test_the_sync_counts_one_launch_figure_launches_each_blocks_gate_and_its_products_once(monkeypatch):
-    """The first line's second figure (`one_launch_kernels`: `SPECGEN_TRITON_PRODUCTS=1`'s products) on a 2-layer
-    model: each block's SwiGLU is one launch (gate_rows), not w1's and w3's products and silu_mul, and its two norms run
-    inside the QKV product and the gate (norm_product), so four fewer a layer than the default products. At 0845935
-    one-launch products launched as many (SmolLM2's step: 305), at a80b41d two fewer a layer (245; now 185)."""
-    import dataclasses
-
-    pytest.importorskip("triton")
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    import gpu_graphs
-    import gpu_sync_count
-
-    cfg = dataclasses.replace(gpu_graphs.SMOLLM2, n_layers=2, vocab_size=512)
-    default, layers = gpu_sync_count.graph_kernels("cpu", cfg)
-    one_launch, _ = gpu_sync_count.one_launch_kernels("cpu", cfg)
-    assert layers == 2 and one_launch <= default - 4 * layers, (default, one_launch)
 
 
 def growth_kernels(levels: int, lines=None) -> int:

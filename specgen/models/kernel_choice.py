@@ -25,8 +25,6 @@ CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Weight dtypes whose GPU products run as GEMMs of one row count (SlicedLinear): the library picks a GEMM's kernel,
 #: and each row's order of sums, by its shape in every float dtype (docs/precision.md).
 SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-#: Weight dtypes whose CUDA products may run as one Triton launch a product instead (`cuda_ops.one_launch_products`).
-ONE_LAUNCH_DTYPES = (torch.bfloat16, torch.float16)
 #: Row counts timed: AR steps, verification of a few tokens, Jacobi blocks, batched steps.
 ROWS = (1, 2, 3, 4, 8, 16, 32)
 #: MKL is timed up to here: from 8 rows on oneDNN always beat it (by ~2x at 16 on every machine measured).
@@ -179,26 +177,6 @@ def sliced_products(weight: torch.Tensor) -> bool:
     """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): float weights off
     the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
     return weight.dtype in SLICED_DTYPES and weight.device.type != "cpu"
-
-
-def one_launch(x: torch.Tensor, *linears: torch.nn.Module) -> bool:
-    """Whether products of x by `linears` run one launch each, so that one launch may hold several (SwiGLU's gate with
-    its two products: `torch.ops.specgen.gate`, their bits): a CUDA step (`one_pass`) with one-launch products
-    (`cuda_ops.one_launch_products`, as SlicedLinear's run) over plain Linears (a LoRA layer wraps one) of
-    low-precision weights (`ONE_LAUNCH_DTYPES`)."""
-    return (one_pass(x) and cuda_ops.one_launch_products() and all(isinstance(w, torch.nn.Linear) for w in linears)
-            and linears[0].weight.dtype in ONE_LAUNCH_DTYPES)
-
-
-def one_launch_norm(x: torch.Tensor, norm_weight: torch.Tensor, lin: torch.nn.Module, w3: torch.nn.Module | None
-                    ) -> bool:
-    """Whether a block's residual add and RMSNorm run inside the product that reads the norm, `lin` or SwiGLU's gate
-    of `lin` and `w3` (`torch.ops.specgen.norm_product`): `one_launch` over its Linears (the gate's without biases, as
-    `gate` takes them), their weights in x's dtype, and a native norm over x. Asked twice a block: a CPU forward
-    answers at `one_launch`'s first test."""
-    linears = (lin,) if w3 is None else (lin, w3)
-    return (one_launch(x, *linears) and all(w.weight.dtype == x.dtype for w in linears)
-            and native_norms(x, norm_weight) and (w3 is None or all(w.bias is None for w in linears)))
 
 
 @torch.inference_mode()

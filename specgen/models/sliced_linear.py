@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.models import kernel_choice, prompt
-from specgen.native import ops
 
 SLICE_ROWS = 64  # every product's rows are cut into zero-padded slices of this many: one GEMM shape at any row count
 # a prompt prefill's products (prompt mode) in slices of their own: a prompt runs once per sequence, alike in every
@@ -26,8 +25,6 @@ class SlicedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m, size = rows.shape[0], PROMPT_SLICE_ROWS if prompt.active() else SLICE_ROWS
-        if kernel_choice.one_launch(rows, self):  # fixed tiles at any row count: no slices, one launch
-            return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
         if m % size:  # [M', in], M' a multiple of the slice: one copy (F.pad would add a fill kernel per
             padded = rows.new_empty(m + -m % size, rows.shape[1])  # product); the padding rows stay unwritten:
             padded[:m].copy_(rows)  # a GEMM's output row reads only its own input row, so whatever they hold never

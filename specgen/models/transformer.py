@@ -175,8 +175,6 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if kernel_choice.one_launch(x, self.w1, self.w3):  # the gate and its two products: one launch, their bits
-            return self.w2(torch.ops.specgen.gate(x, self.w1.weight, self.w3.weight))
         a, b = self.w1(x), self.w3(x)  # [..., ffn] each
         return self.w2(torch.ops.specgen.silu_mul(a, b) if kernel_choice.one_pass(a) else F.silu(a) * b)
 
@@ -209,8 +207,7 @@ class Block(nn.Module):
                  cross_kv=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with each residual add inside the next norm's kernel (native norms): the previous block's output
         given as x + f (f None: x), this block's returned as (x, f) unsummed [B, S, dim]; add_rms_norm's sum is the
-        add's and its norm the norm's, so the bits are forward's. Where products run one launch on CUDA, the add and
-        the norm run inside the product that reads the norm (`normed_into`), whose bits are its own."""
+        add's and its norm the norm's, so the bits are forward's."""
         x, projected = normed_into(x, f, self.attention_norm, self.attention.wqkv)  # [B, S, (H + 2 Hkv) hd]
         a = self.attention.attend(projected, rot, layer, cache, mask, causal)
         if cross_kv is not None:  # the condition's cross-attention between the two, its input's add in its norm
@@ -222,15 +219,7 @@ class Block(nn.Module):
 def normed_into(x: torch.Tensor, f: torch.Tensor | None, norm: RMSNorm, consumer: nn.Module
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + f (f None: x), consumer(norm(x + f))) [B, S, ...] for the module that reads a block's norm (its QKV
-    projection, its feed-forward): on CUDA with one-launch products the add and the norm run inside the consumer's
-    first product (`torch.ops.specgen.norm_product`: the projection, or a FeedForward's gate, then its w2), no norm
-    launch and no normed tensor; else the native norm's pass, then the consumer."""
-    ff = consumer if isinstance(consumer, FeedForward) else None  # a quantized one stores w1 and w3 as one layer
-    first, w3 = (consumer, None) if ff is None else (ff.w1, ff.w3)
-    if kernel_choice.one_launch_norm(x, norm.weight, first, w3):
-        total, out = torch.ops.specgen.norm_product(x, f, norm.weight, norm.eps, first.weight, first.bias,
-                                                    None if w3 is None else w3.weight)
-        return (x if f is None else total), (out if ff is None else ff.w2(out))
+    projection, its feed-forward): the native norm's pass (the add inside it), then the consumer."""
     x, normed = (x, norm(x)) if f is None else torch.ops.specgen.add_rms_norm(x, f, norm.weight, norm.eps)
     return x, consumer(normed)
 

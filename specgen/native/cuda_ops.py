@@ -14,7 +14,6 @@ BLOCK_N = 64  # list entries (keys) per attention tile (triton_kernels.attend_li
 WARPS = 4
 GATE_BLOCK = 1024  # elements a program of silu_mul
 PLAN_BLOCK = 128  # slots a step of plan_rows' passes
-PRODUCT_TILE = 64  # rows, columns and K steps of a linear_rows tile (fixed for every weight: the row invariance)
 CHILD_BLOCK = 2048  # vocabulary entries a step of top_children's pass
 GUIDE_BLOCK = 1024  # vocabulary entries a program of guided_rows
 TREE_CHUNK = 512  # nodes a step of kept_tree_rows' selection (N ~1,300 at the widest: three steps)
@@ -35,14 +34,6 @@ def available() -> bool:
                       "move with the forward's shape), see docs/precision.md; `pip install triton` for the list kernel")
         return False
     return True
-
-
-@functools.cache
-def one_launch_products() -> bool:
-    """Whether low-precision CUDA products run as one `linear_rows` launch (`SPECGEN_TRITON_PRODUCTS=1`, with the
-    kernels available) instead of SlicedLinear's 64-row GEMM slices. Off by default until a GPU run shows it keeps
-    every row's bits and pays (scripts/gpu_check.sh: the gpu tests and the scale rows A/B it)."""
-    return os.environ.get("SPECGEN_TRITON_PRODUCTS") == "1" and available()
 
 
 @functools.cache
@@ -165,62 +156,6 @@ def planned(seen: torch.Tensor, lengths: torch.Tensor | None, b: int, s: int,
                                   *mask.stride(), idx.stride(0), idx.stride(1), BLOCK=PLAN_BLOCK,
                                   TREE=lengths is not None)
     return idx, count, lead.amin(-1)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, one launch whose rows keep their bits at any M
-    (triton_kernels.linear_rows)."""
-    return products(x.contiguous(), weight, bias, None)
-
-
-def gate(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
-    """`torch.ops.specgen.gate` on CUDA: SwiGLU's gate silu(x @ w1^T) * (x @ w3^T) for x [..., K] and w1, w3 [N, K]
-    -> [..., N] in x's dtype, one launch (triton_kernels.gate_rows) with the bits of the three it replaces,
-    silu_mul(linear(x, w1), linear(x, w3)), so a row keeps them at any row count too."""
-    return products(x.reshape(-1, x.shape[-1]).contiguous(), w1, None, w3).view(*x.shape[:-1], w1.shape[0])
-
-
-def norm_product(x: torch.Tensor, a: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, w1: torch.Tensor,
-                 bias: torch.Tensor | None, w3: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.specgen.norm_product` on CUDA: a block's residual add, its next RMSNorm (norm_weight [K]) and the
-    product that reads the norm, in one launch (linear_rows or, given w3, gate_rows with NORM): for x, a [..., K], the
-    sum x + a (an empty tensor when a is None: the sum is x) and RMSNorm(x + a) @ w1^T (+ bias), or SwiGLU's gate of
-    w1 and w3 over it, [..., N]. A row keeps its bits at any row count; its norm's factor sums in the product's chunks
-    (triton_kernels.row_factors), so they are not add_rms_norm-then-product's bits."""
-    rows, k = x.reshape(-1, x.shape[-1]).contiguous(), x.shape[-1]
-    added = None if a is None else a.reshape(-1, k).contiguous()
-    total = rows.new_empty(0) if a is None else torch.empty_like(rows)
-    out = products(rows, w1, bias, w3, (norm_weight.contiguous(), eps, added, total))
-    return total if a is None else total.view(x.shape), out.view(*x.shape[:-1], w1.shape[0])
-
-
-def products(rows: torch.Tensor, w1: torch.Tensor, bias: torch.Tensor | None, w3: torch.Tensor | None,
-             norm: tuple | None = None) -> torch.Tensor:
-    """The one launch of `linear`, `gate` and `norm_product` over contiguous rows [M, K] -> [M, N]: linear_rows, or
-    gate_rows given w3; `norm` (the norm's weight, eps, the added rows or None, the sum's buffer): its NORM prologue."""
-    (m, k), n = rows.shape, w1.shape[0]
-    out = torch.empty(m, n, dtype=rows.dtype, device=rows.device)
-    weight, eps, added, total = norm or (rows, 0.0, None, rows)
-    head = (rows, rows if added is None else added, weight, rows if added is None else total)
-    consts = dict(NORM=norm is not None, ADD=added is not None, **product_tiles(k))
-    if w3 is None:
-        kernels().linear_rows[product_grid(m, n)](*head, w1.contiguous(), w1 if bias is None else bias, out, m, n, eps,
-                                                  HAS_BIAS=bias is not None, **consts)
-    else:
-        kernels().gate_rows[product_grid(m, n)](*head, w1.contiguous(), w3.contiguous(), out, m, n, eps, **consts)
-    return out
-
-
-def product_grid(m: int, n: int) -> tuple[int, int]:
-    """The programs of a product kernel over m rows and n outputs: one a PRODUCT_TILE-square output tile."""
-    return -(-m // PRODUCT_TILE), -(-n // PRODUCT_TILE)
-
-
-def product_tiles(k: int) -> dict:
-    """A product kernel's constexprs (linear_rows, gate_rows) over k inputs: the same tiles for every weight and row
-    count (the row invariance), so the gate's products sum as linear_rows' do."""
-    t = PRODUCT_TILE
-    return dict(K=k, BLOCK_M=t, BLOCK_N=t, BLOCK_K=t, UPCAST=interpreted(), num_warps=WARPS)
 
 
 def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:

@@ -107,28 +107,6 @@ op("rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k, Tensor(b!) v, T
    "Tensor", lambda qkv, cos, sin, k, v, meta, heads, half: qkv.new_empty(qkv.shape[0], heads, *qkv.shape[2:]),
    "CUDA")(cuda_ops.rope_store)
 op("silu_mul(Tensor a, Tensor b) -> Tensor", like, "CUDA")(cuda_ops.silu_mul)
-# SPECGEN_TRITON_PRODUCTS=1's products (SlicedLinear's GEMM slices otherwise), one Triton launch each: a product, and
-# SwiGLU's gate with its two products (the bits of two `linear`s and silu_mul)
-op("gate(Tensor x, Tensor w1, Tensor w3) -> Tensor", lambda x, w1, w3: x.new_empty(*x.shape[:-1], w1.shape[0]),
-   "CUDA")(cuda_ops.gate)
-# a block's residual add and RMSNorm inside the product that reads the norm (a product or the gate): (x + a or an empty
-# tensor when a is None, the product [..., N])
-op("norm_product(Tensor x, Tensor? a, Tensor norm_weight, float eps, Tensor w1, Tensor? bias, Tensor? w3) -> "
-   "(Tensor, Tensor)", lambda x, a, norm_weight, eps, w1, bias, w3: (
-       x.new_empty(x.shape if a is not None else (0,)), x.new_empty(*x.shape[:-1], w1.shape[0])),
-   "CUDA")(cuda_ops.norm_product)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`cuda_ops.linear` (x [M, K] -> [M, N]), through torch.ops only where `traced` (a trace records the op, a fake
-    tensor gets its shape, not a launch over pointers it lacks); else called as a function, as `tiled_linear`."""
-    if traced(x):
-        return torch.ops.specgen.linear(x, weight, bias)
-    return cuda_ops.linear(x, weight, bias)
-
-
-op("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
-   lambda x, weight, bias: x.new_empty(x.shape[0], weight.shape[0]), "CUDA")(linear)
 # an EAGLE drafter's input, cat([embedding, features]), in one pass (a copy: the same bits)
 op("embed_cat(Tensor weight, Tensor tokens, Tensor features) -> Tensor",
    lambda weight, tokens, features: features.new_empty(*tokens.shape, 2 * weight.shape[1]), "CUDA")(cuda_ops.embed_cat)

@@ -137,8 +137,6 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
             assert attention_path(dtype, "cuda") == "native"
         assert "one Triton kernel a layer" in kernel_paths("cuda")["step_kernels"]["path"]
         assert "64-row GEMM slices" in kernel_paths("cuda")["text float32"]["path"]
-        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: True)
-        assert "one Triton launch a product" in kernel_paths("cuda")["image"]["path"]
         monkeypatch.setattr(cuda_ops, "available", lambda: False)  # a CUDA build without Triton: the torch paths
         assert attention_path(torch.bfloat16, "cuda") == "chunked"
         assert attention_path(torch.float32, "cuda") == "sdpa"
@@ -147,26 +145,19 @@ def test_cuda_forwards_take_the_lists_when_triton_is_there_and_env_says_which(mo
     assert torch._C._dispatch_has_kernel_for_dispatch_key("specgen::attention_plan", "CUDA")
 
 
-@pytest.mark.parametrize("products", ["sliced", "one launch"])
-def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, products, monkeypatch):
+def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device, monkeypatch):
     """The kernels (attention, its device plan, the norms, RoPE) as a bf16 model's static steps call them (the ops'
-    CUDA implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps; with one-launch
-    products too (`SPECGEN_TRITON_PRODUCTS=1`: a kernel a product, the gate's, a block's norms inside them)."""
+    CUDA implementations): a 16-node chain's and a tree path's nodes get the bits of the AR steps."""
     from specgen.models import graphs
     from tests.conftest import tiny_model
     from tests.models.test_graphs import PROMPT, chain_against_steps, tree_against_steps
 
     if device == "cpu":  # route the ops' CPU calls to the CUDA implementations
         for name in ("attend", "attention_plan", "step_plan", "rms_norm", "add_rms_norm", "rope", "rope_store",
-                     "silu_mul", "gate", "norm_product"):
+                     "silu_mul"):
             monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
         monkeypatch.setattr(native, "library", lambda name: "triton" if name in ("attention", "glue") else None)
         monkeypatch.setattr(kernel_choice, "one_pass", lambda x: not torch.is_grad_enabled())
-    if products == "one launch":
-        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: True)
-        if device == "cpu":  # SlicedLinear's one-launch branch as on CUDA
-            monkeypatch.setattr(SlicedLinear, "forward", lambda self, x: cuda_ops.linear(
-                x.reshape(-1, x.shape[-1]), self.weight, self.bias).reshape(*x.shape[:-1], self.out_features))
     model = tiny_model(0).to(device, torch.bfloat16)
     for lin in model.modules():  # products of one row count, as a loaded model's on a GPU (models/sliced_linear.py)
         if type(lin) is torch.nn.Linear:
@@ -176,191 +167,6 @@ def test_the_kernels_in_a_models_steps_score_chains_and_trees_as_ar_steps(device
         steps.fill = 1
     for ar, verified in (chain_against_steps(model, PROMPT), tree_against_steps(model, PROMPT)):
         assert torch.equal(ar, verified)
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
-def test_the_product_kernel_computes_linear_in_one_launch_at_any_row_count(device, dtype, tol):
-    """linear_rows (the one-launch products of `SPECGEN_TRITON_PRODUCTS=1`): x @ w^T (+ b) for row counts and shapes
-    off its 64-wide tiles; on a GPU each row also keeps its bits at every row count (the interpreter sums a tile in
-    numpy's order, so it checks values only)."""
-    g = torch.Generator().manual_seed(0)
-    w, b, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((100, 96), (100,), (130, 96)))
-    for bias in (None, b):
-        got = cuda_ops.linear(x, w, bias)
-        want = F.linear(x.float(), w.float(), None if bias is None else bias.float())
-        assert got.shape == (130, 100) and got.dtype == dtype
-        torch.testing.assert_close(got.float(), want, atol=tol * want.abs().max().item(), rtol=tol)
-        if device == "cuda":
-            alone = torch.cat([cuda_ops.linear(x[j: j + 1], w, bias) for j in range(130)])
-            assert all(torch.equal(cuda_ops.linear(x[:m], w, bias), alone[:m]) for m in (16, 64, 65, 130))
-
-
-def three_launches(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor) -> torch.Tensor:
-    """SwiGLU's gate as one-launch products make it without gate_rows: linear_rows twice, then silu_mul_rows."""
-    rows = x.reshape(-1, x.shape[-1])
-    a, b = cuda_ops.linear(rows, w1, None), cuda_ops.linear(rows, w3, None)
-    return cuda_ops.silu_mul(a, b).view(*x.shape[:-1], w1.shape[0])
-
-
-# N and K off the 64-wide tiles; K under one tile
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("n,k", [(100, 96), (130, 40)])  # N and K off the 64-wide tiles, K under one tile
-def test_the_gate_kernel_has_the_bits_of_its_two_products_and_silu_mul_at_any_row_count(device, dtype, n, k):
-    """gate_rows (SwiGLU under `SPECGEN_TRITON_PRODUCTS=1`): silu(x @ w1^T) * (x @ w3^T) in one launch, bitwise the
-    three launches it replaces at 1, 3, 64 and 70 rows (and [B, S, K] inputs); on a GPU each row alone gets its bits
-    inside the 70-row call (the row invariance); its values are torch's SwiGLU within the products' rounding."""
-    g = torch.Generator().manual_seed(3)
-    w1, w3, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((n, k), (n, k), (70, k)))
-    for m in (1, 3, 64, 70):
-        got = cuda_ops.gate(x[:m], w1, w3)
-        assert got.shape == (m, n) and got.dtype == dtype
-        assert torch.equal(got, three_launches(x[:m], w1, w3)), m
-    assert torch.equal(cuda_ops.gate(x.view(2, 35, k), w1, w3), three_launches(x, w1, w3).view(2, 35, n))
-    if device == "cuda":  # the interpreter sums a tile in numpy's order, whose blocking may follow the row count
-        alone = torch.cat([cuda_ops.gate(x[j: j + 1], w1, w3) for j in range(70)])
-        assert torch.equal(alone, got)
-    want = F.silu(x.float() @ w1.float().T) * (x.float() @ w3.float().T)
-    torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("gated", [False, True])
-def test_the_norm_product_kernel_norms_its_input_inside_the_product_at_any_row_count(device, dtype, gated):
-    """norm_product (a block's add and RMSNorm inside the one-launch product that reads the norm): the sum x + a
-    bitwise torch's add, and RMSNorm(x + a) @ w1^T + b, or SwiGLU's gate over it, within the products' rounding of
-    torch's formulas, without the add too (a first block), at 1, 64 and 70 rows and [B, S, K] inputs; rows alone (the
-    first, last, and either side of a tile's edge) get their bits inside the 70-row call (the row invariance).
-    Controls: the norm's weight and the factor matter (a product of the unnormed sum, or of the norm without its
-    weight, is far off)."""
-    from specgen.models.transformer import rms_norm
-
-    g = torch.Generator().manual_seed(6)
-    n, k = 100, 96  # N and K off the 64-wide tiles
-    x, a, w1, w3 = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((70, k), (70, k), (n, k), (n, k)))
-    nw, bias = (1 + torch.rand(k, generator=g)).to(device, dtype), torch.randn(n, generator=g).to(device, dtype)
-    gate_w, b = (w3, None) if gated else (None, bias)
-
-    def product(normed: torch.Tensor) -> torch.Tensor:  # float32 reference of the product over the normed input
-        h = normed.float()
-        return F.silu(h @ w1.float().T) * (h @ w3.float().T) if gated else h @ w1.float().T + bias.float()
-
-    for added in (a, None):
-        total, got = cuda_ops.norm_product(x, added, nw, 1e-5, w1, b, gate_w)
-        summed = x if added is None else x + added
-        assert torch.equal(total, summed) if added is not None else total.numel() == 0
-        want = product(rms_norm(summed, nw, 1e-5))
-        assert got.shape == (70, n) and got.dtype == dtype
-        torch.testing.assert_close(got.float(), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
-        for control in (product(summed), product(rms_norm(summed, torch.ones_like(nw), 1e-5))):
-            assert (got.float() - control).abs().max() > 0.1 * want.abs().max()
-        for j in (0, 63, 64, 69):
-            assert torch.equal(cuda_ops.norm_product(x[j: j + 1], None if added is None else added[j: j + 1], nw,
-                                                     1e-5, w1, b, gate_w)[1], got[j: j + 1]), j
-        for m in (1, 64):
-            assert torch.equal(cuda_ops.norm_product(x[:m], None if added is None else added[:m], nw, 1e-5, w1, b,
-                                                     gate_w)[1], got[:m]), m
-        three_d = cuda_ops.norm_product(x.view(2, 35, k), None if added is None else added.view(2, 35, k), nw, 1e-5,
-                                        w1, b, gate_w)[1]
-        assert torch.equal(three_d, got.view(2, 35, n))
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_gate_comparison_can_fail(device, dtype):
-    """Control: the gate over its float32 products, not each rounded to the dtype first (a fused kernel's natural
-    shortcut), differs from the three launches' bits, so the equalities above are a property of the kernel."""
-    g = torch.Generator().manual_seed(4)
-    w1, w3, x = (torch.randn(*shape, generator=g).to(device, dtype) for shape in ((100, 96), (100, 96), (3, 96)))
-    once = (F.silu(x.float() @ w1.float().T) * (x.float() @ w3.float().T)).to(dtype)
-    assert not torch.equal(once, cuda_ops.gate(x, w1, w3))
-
-
-def test_a_feed_forward_takes_the_gate_where_its_products_run_one_launch(monkeypatch):
-    """FeedForward: SwiGLU in one launch (`torch.ops.specgen.gate`) on a CUDA step (here: `one_pass` says so) with
-    one-launch products and bf16/fp16 weights, the bits of the three launches; float32 weights, products in slices
-    (the flag off), CPU forwards and LoRA-wrapped layers keep w1, w3 and the gate apart."""
-    from specgen.models.transformer import FeedForward
-    from tests.conftest import tiny_config
-
-    gated = []
-    monkeypatch.setattr(torch.ops.specgen, "gate", lambda *a: gated.append(a) or cuda_ops.gate(*a))
-    monkeypatch.setattr(torch.ops.specgen, "silu_mul", cuda_ops.silu_mul)
-    x = torch.randn(2, 3, tiny_config().dim, generator=torch.Generator().manual_seed(5))
-    for dtype, one_launch, cuda, fused in ((torch.bfloat16, True, True, True), (torch.float16, True, True, True),
-                                           (torch.float32, True, True, False), (torch.bfloat16, False, True, False),
-                                           (torch.bfloat16, True, False, False)):
-        torch.manual_seed(0)
-        ffn = FeedForward(tiny_config()).to(dtype)
-        monkeypatch.setattr(kernel_choice, "one_pass", lambda t, on=cuda: on and not torch.is_grad_enabled())
-        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda on=one_launch: on)
-        gated.clear()
-        with torch.inference_mode():
-            got = ffn(x.to(dtype))
-            want = F.linear(three_launches(x.to(dtype), ffn.w1.weight, ffn.w3.weight), ffn.w2.weight)
-        assert len(gated) == fused and (not fused or torch.equal(got, want)), (dtype, one_launch, cuda)
-    from specgen.train.lora import LoRALinear  # an adapted FFN (its Linears wrapped): the three launches, no error
-
-    ffn.w1 = LoRALinear(ffn.w1, 2, 4.0).to(torch.bfloat16)
-    monkeypatch.setattr(kernel_choice, "one_pass", lambda t: not torch.is_grad_enabled())
-    with torch.inference_mode():
-        ffn(x.to(torch.bfloat16))
-    assert not gated
-
-
-def test_a_block_norms_inside_its_products_where_they_run_one_launch(monkeypatch):
-    """Block.deferred on a CUDA step (here: `one_pass` says so) with one-launch products and bf16 weights: its two
-    norms run inside the QKV product and the gate (`norm_product`, the first block's without an add), and its output
-    is the separate launches' within the products' rounding; float32 weights, the flag off, a CPU forward and a
-    LoRA-wrapped QKV keep the norm's own launch."""
-    from specgen.models import transformer
-    from specgen.train.lora import LoRALinear
-    from tests.conftest import tiny_config
-
-    fused = []
-    monkeypatch.setattr(torch.ops.specgen, "norm_product", lambda *a: fused.append(a[1] is not None)
-                        or cuda_ops.norm_product(*a))
-    for name in ("add_rms_norm", "rms_norm", "gate", "silu_mul", "rope"):
-        monkeypatch.setattr(torch.ops.specgen, name, getattr(cuda_ops, name))
-    monkeypatch.setattr(kernel_choice, "native_norms", lambda *t: True)
-    cfg = tiny_config()
-    g = torch.Generator().manual_seed(7)
-    h, f = (torch.randn(2, 3, cfg.dim, generator=g) for _ in range(2))
-    rot = transformer.rows_rotation(torch.randn(2, 3, 2, cfg.hd, generator=g), "half")
-
-    def deferred(block, dtype, one_launch=True, cuda=True):
-        monkeypatch.setattr(kernel_choice, "one_pass", lambda t: cuda and not torch.is_grad_enabled())
-        monkeypatch.setattr(cuda_ops, "one_launch_products", lambda: one_launch)
-        fused.clear()
-        with torch.inference_mode():
-            cast = transformer.Rotation(rot.cos.to(dtype), rot.sin.to(dtype), "half")
-            return [block.deferred(h.to(dtype), first, cast, 0, None, None, True) for first in (None, f.to(dtype))]
-
-    torch.manual_seed(0)
-    block = transformer.Block(cfg).to(torch.bfloat16)
-    got = deferred(block, torch.bfloat16)
-    assert fused == [False, True, True, True]  # the first block's QKV norm (no add), its gate's; a later block's two
-    want = deferred(block, torch.bfloat16, one_launch=False)
-    assert not fused
-    for (gx, gf), (wx, wf) in zip(got, want):
-        assert torch.equal(gx, wx)  # the residual sum: the add's bits
-        torch.testing.assert_close(gf.float(), wf.float(), atol=3e-2 * wf.abs().max().item(), rtol=3e-2)
-    for dtype, one_launch, cuda in ((torch.float32, True, True), (torch.bfloat16, True, False)):
-        deferred(transformer.Block(cfg).to(dtype), dtype, one_launch, cuda)
-        assert not fused, (dtype, cuda)
-    block.attention.wqkv = LoRALinear(block.attention.wqkv, 2, 4.0).to(torch.bfloat16)
-    deferred(block, torch.bfloat16)
-    assert fused == [True, True]  # each call's gate alone (its add), not the QKV norm
-
-
-def test_one_launch_products_are_asked_for_and_need_the_kernels(monkeypatch):
-    for env, kernels, want in (("1", True, True), ("0", True, False), (None, True, False), ("1", False, False)):
-        monkeypatch.setattr(cuda_ops, "available", lambda k=kernels: k)
-        if env is None:
-            monkeypatch.delenv("SPECGEN_TRITON_PRODUCTS", raising=False)
-        else:
-            monkeypatch.setenv("SPECGEN_TRITON_PRODUCTS", env)
-        cuda_ops.one_launch_products.cache_clear()
-        assert cuda_ops.one_launch_products() is want, (env, kernels)
-    cuda_ops.one_launch_products.cache_clear()
 
 
 COMPILE = """
@@ -406,17 +212,6 @@ for tree in (False, True):  # a mask's plan; a step's from its tree rows and len
     sig = {n: "constexpr" if n in consts else "*u8" if n == "SEEN" else "*i64" if n == "LENGTHS" else "*i32"
            if n.isupper() else "i32" for n in fn.arg_names}
     for arch in (80, 90):
-        build(fn, sig, consts, arch)
-t, linear, gate = cuda_ops.PRODUCT_TILE, cuda_ops.kernels().linear_rows, cuda_ops.kernels().gate_rows
-for fn, dtype, bias, k, norm, add, archs in (  # a product; with a block's norm inside, with its add
-        (linear, "bf16", False, 576, False, False, (80, 90)), (linear, "fp16", True, 1536, False, False, (90,)),
-        (linear, "bf16", True, 576, True, True, (90,)), (linear, "fp16", False, 576, True, False, (90,)),
-        (gate, "bf16", False, 576, False, False, (80, 90)), (gate, "bf16", False, 576, True, True, (90,))):
-    consts = {"K": k, "NORM": norm, "ADD": add, "BLOCK_M": t, "BLOCK_N": t, "BLOCK_K": t, "UPCAST": False}
-    consts |= {"HAS_BIAS": bias} if "HAS_BIAS" in fn.arg_names else {}
-    sig = {n: "constexpr" if n in consts else "i32" if n in ("m", "n") else "fp32" if n == "eps" else "*" + dtype
-           for n in fn.arg_names}
-    for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().kept_tree_rows
 consts = {"SB": 128, "CHUNK": cuda_ops.TREE_CHUNK, "ROWS": cuda_ops.TREE_ROWS}  # node budgets 63 to 126
@@ -504,7 +299,7 @@ class Launch:  # records the key under which Triton would look up (or compile) t
 real = cuda_ops.kernels()
 cuda_ops.kernels = lambda: type("K", (), {n: Launch(getattr(real, n)) for n in
                                           ("attend_lists", "norm_rows", "rope_rows", "silu_mul_rows",
-                                           "linear_rows", "gate_rows", "plan_rows", "top_children", "beam_rows",
+                                           "plan_rows", "top_children", "beam_rows",
                                            "kept_tree_rows", "setup_rows", "embed_rows", "guided_rows")})
 bf, h, hkv, d = torch.bfloat16, 9, 3, 64
 for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows, nodes, width: a decode's steps
@@ -517,11 +312,6 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.attend(q, cache[:b, :, :t], cache[:b, :, :t], idx, count, shared, torch.empty(b, s, h, d, dtype=bf))
     x, w = torch.zeros(b, s, 576, dtype=bf), torch.ones(576, dtype=bf)
     cuda_ops.rms_norm(x, w, 1e-5), cuda_ops.add_rms_norm(x, x, w, 1e-5), cuda_ops.silu_mul(x, x)
-    cuda_ops.linear(x.reshape(-1, 576), torch.zeros(960, 576, dtype=bf), None)
-    cuda_ops.gate(x, torch.zeros(1536, 576, dtype=bf), torch.zeros(1536, 576, dtype=bf))
-    for added in (None, x):  # a block's norms inside their products: the first block's, a later one's (its add)
-        cuda_ops.norm_product(x, added, w, 1e-5, torch.zeros(960, 576, dtype=bf), None, None)
-    cuda_ops.norm_product(x, x, w, 1e-5, torch.zeros(1536, 576, dtype=bf), None, torch.zeros(1536, 576, dtype=bf))
     logits = torch.zeros(2 * b, s, 16384, dtype=bf)  # a growth's levels: the root's children, then scored ones
     nodes = 8 + 64 * (2 + s % 4)  # a growth's record [b, N], written from each level's column
     values, tokens = torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.long)
@@ -539,8 +329,7 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
-assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "linear_rows": 3,
-                  "gate_rows": 2, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
                   "setup_rows": 1, "embed_rows": 1, "guided_rows": 1}, (counts, keys)
 keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
 cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
