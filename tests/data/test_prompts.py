@@ -49,10 +49,11 @@ def test_stdlib_prompts_count_and_shape():
 
 
 def test_stdlib_stubs_are_valid_python():
-    for text in stdlib_prompts():
-        if text.startswith("Complete the following"):
-            code = text.split("```python\n", 1)[1].rsplit("```", 1)[0]
-            compile(code, "<stub>", "exec")
+    stubs = [text.split("```python\n", 1)[1].rsplit("```", 1)[0] for text in stdlib_prompts()
+             if text.startswith("Complete the following")]
+    assert len(stubs) > 10  # a renamed lead-in would leave nothing to compile
+    for code in stubs:
+        compile(code, "<stub>", "exec")
 
 
 def test_stdlib_prompts_identical_across_processes_and_hash_seeds():
