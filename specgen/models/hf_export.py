@@ -7,6 +7,7 @@ import re
 import torch
 
 from specgen.models.llama import layer_map
+from specgen.models.rope import scaled_inv_freq
 from specgen.models.transformer import Transformer
 
 
@@ -46,7 +47,8 @@ def to_hf(model: Transformer):
                   num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
                   head_dim=cfg.hd, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
                   max_position_embeddings=cfg.max_seq_len, tie_word_embeddings=cfg.tie_embeddings)
-    if cfg.rope_scaling:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
+    factors = cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "factors"  # no type of transformers'
+    if cfg.rope_scaling and not factors:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
         common["rope_scaling"] = dict(cfg.rope_scaling)
     if cfg.qk_norm:
         hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
@@ -57,4 +59,9 @@ def to_hf(model: Transformer):
     hf.load_state_dict(hf_state(model), strict=not cfg.tie_embeddings)
     if cfg.tie_embeddings:
         hf.tie_weights()
+    if factors:  # a GGUF's frequency divisors: the default RoPE with specgen's frequencies in its buffers
+        freq, _ = scaled_inv_freq(cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+        with torch.no_grad():
+            hf.model.rotary_emb.inv_freq.copy_(freq)
+            hf.model.rotary_emb.original_inv_freq.copy_(freq)
     return hf.float().eval()

@@ -291,17 +291,23 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         key = f"{arch}.rope.scaling.type" if scaling != "none" else f"{arch}.attention.sliding_window"
         raise UsageError(f"GGUF file {path.name} sets {key}, which specgen's GGUF loader does not implement; "
                          "import the HF folder instead (docs/architectures.md)")
-    cfg = TransformerConfig(
-        vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
-        n_layers=gguf_field(reader, f"{arch}.block_count"), n_heads=n_heads,
-        n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
-        ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
-        head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
-        norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-        max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
-        qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
-    )
+    freqs = tensors.pop("rope_freqs.weight", None)  # Llama 3's RoPE scaling as llama.cpp stores it: divisors
+    factors = None if freqs is None else dequantize(freqs.data, freqs.tensor_type).reshape(-1).tolist()
+    try:
+        cfg = TransformerConfig(
+            vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
+            n_layers=gguf_field(reader, f"{arch}.block_count"), n_heads=n_heads,
+            n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
+            ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
+            head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
+            norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
+            max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
+            qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
+            rope_scaling=None if factors is None else {"rope_type": "factors", "factors": factors},
+        )
+    except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive
+        raise CheckpointError(f"GGUF file {path.name}: {e}") from None
     done = iter(range(1, len(tensors) + 1))  # tensors converted so far
 
     def get(name: str) -> torch.Tensor | None:
@@ -313,4 +319,4 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             progress(next(done), len(tensors))
         return data
 
-    return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses e.g. Llama 3's rope_freqs.weight (llama3 RoPE)
+    return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses a tensor the model has no place for

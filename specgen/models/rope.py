@@ -9,7 +9,7 @@ import torch
 
 from specgen.models import kernel_choice
 
-SCALINGS = ("linear", "llama3", "yarn")  # the `rope_type`s a table can carry
+SCALINGS = ("linear", "llama3", "factors", "yarn")  # the `rope_type`s a table can carry
 
 
 def inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -19,7 +19,8 @@ def inv_freq(dim: int, theta: float) -> torch.Tensor:
 
 def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim/2] and the cos/sin (attention) factor of a context-extended RoPE ("linear", "llama3",
-    "yarn"), with transformers' float32 operations so the tables agree bit for bit."""
+    "yarn"), with transformers' float32 operations so the tables agree bit for bit; "factors": each frequency divided
+    by its own stored factor (a GGUF's `rope_freqs.weight`, as llama.cpp applies it)."""
     kind, base = scaling["rope_type"], inv_freq(dim, theta)
     if kind == "linear":
         return base / scaling["factor"], 1.0
@@ -32,6 +33,8 @@ def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor
         smoothed = (1 - smooth) * out / factor + smooth * out
         medium = ~(wavelen < old / high) * ~(wavelen > old / low)
         return torch.where(medium, smoothed, out), 1.0
+    if kind == "factors":
+        return base / torch.tensor(scaling["factors"], dtype=torch.float32), 1.0
     # yarn: the last of SCALINGS (TransformerConfig admits no other kind)
     factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
 

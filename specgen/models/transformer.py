@@ -48,6 +48,12 @@ class TransformerConfig:
             raise ValueError("a text-conditional model needs n_cond >= 1 caption slots")
         if self.rope_scaling and (self.rope_grid or self.rope_scaling.get("rope_type") not in SCALINGS):
             raise ValueError(f"rope_scaling {self.rope_scaling} is not a 1D scaling of {', '.join(SCALINGS)}")
+        if self.rope_scaling and self.rope_scaling["rope_type"] == "factors":
+            factors = self.rope_scaling.get("factors")
+            if not isinstance(factors, list) or len(factors) != self.hd // 2 or not all(
+                    isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
+                raise ValueError(f"RoPE factors must be a list of {self.hd // 2} positive finite numbers (one a "
+                                 f"frequency of head size {self.hd}): {str(factors)[:80]}")
 
     @property
     def hd(self) -> int:

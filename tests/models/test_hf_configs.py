@@ -5,6 +5,7 @@ the scaling to matter; every refused key is named by its one-line error."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -225,9 +226,91 @@ def test_tensor_the_model_would_ignore_is_refused(tmp_path):
         load_hf_folder(tmp_path)
 
 
-@pytest.mark.parametrize("extra", ["rope_freqs", "scaling_type"])
-def test_gguf_llama3_scaling_is_refused(extra, tmp_path):
-    """A Llama 3 GGUF carries its RoPE scaling as rope_freqs.weight (or a scaling type): refused, not ignored."""
+def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
+    """The rope_freqs.weight llama.cpp's converter stores for a Llama 3 scaling: a frequency's divisor, 1 where its
+    wavelength is under original / high_freq_factor, `factor` over original / low_freq_factor, and between them the
+    blend's, 1 / ((1 - s) / factor + s), s = (original / wavelength - low) / (high - low)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for f in (1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)).tolist():
+        wavelength = 2 * math.pi / f
+        s = (old / wavelength - low) / (high - low)
+        out.append(1.0 if wavelength < old / high else factor if wavelength > old / low else 1 / ((1 - s) / factor + s))
+    return out
+
+
+def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None) -> None:
+    """A llama-architecture GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one:
+    q and k rows permuted to interleaved rotary pairs; `extra` tensors (name -> float32 array) besides."""
+    from gguf import GGUFWriter
+
+    from specgen.models.llama import layer_map
+
+    w = GGUFWriter(str(path), "llama")
+    for key, value in dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
+                           feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
+                           layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta).items():
+        getattr(w, f"add_{key}")(value)
+    sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
+    for ours, theirs in layer_map(cfg, "gguf").items():
+        for name, t in zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)):
+            if name.endswith(("attn_q.weight", "attn_k.weight")):  # rotate-half halves -> interleaved pairs
+                heads = t.shape[0] // cfg.hd
+                t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
+            w.add_tensor(name, t.float().numpy())
+    for name, array in (extra or {}).items():
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
+    """Llama 3.x GGUFs carry their RoPE scaling as rope_freqs.weight (a divisor a frequency), which the loader refused:
+    it now divides each frequency by its factor, as llama.cpp does, so the GGUF of a transformers Llama 3 model gives
+    that model's logits, and so does the `hf` row's export of it. Control: the same GGUF without the factors."""
+    import numpy as np
+
+    from specgen.models.llama import load_gguf
+
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3, tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    factors = llama3_factors(cfg.hd, cfg.rope_theta, LLAMA3)
+    assert factors[0] == 1 and 1 < factors[1] < 8 and factors[-1] == 8  # every band of the scaling is tested
+    write_gguf(tmp_path / "l3.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
+    write_gguf(tmp_path / "plain.gguf", cfg, state)
+    models = {}
+    for name in ("l3", "plain"):
+        got_cfg, got_state = load_gguf(tmp_path / f"{name}.gguf")
+        models[name] = Transformer(got_cfg).eval()
+        models[name].load_state_dict(got_state)
+    assert models["l3"].cfg.rope_scaling == {"rope_type": "factors",
+                                             "factors": np.array(factors, dtype=np.float32).tolist()}
+    x = tokens(96)  # past original_max_position_embeddings (32): the scaling shows
+    assert_same(models["l3"], theirs, x)
+    assert_same(to_hf(models["l3"]), theirs, x)
+    assert not torch.allclose(logits(models["plain"], x), logits(theirs, x), atol=1e-2)
+
+
+@pytest.mark.parametrize("factors", [[1.0, 2.0], [1.0, 0.0, 8.0, 8.0], [1.0, float("nan"), 8.0, 8.0]])
+def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_path):
+    import numpy as np
+
+    from specgen.models.llama import load_gguf
+
+    theirs = hf_model("LlamaForCausalLM")
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "bad.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
+    with pytest.raises(CheckpointError, match="bad.gguf: RoPE factors must be a list of 4 positive finite numbers"):
+        load_gguf(tmp_path / "bad.gguf")
+
+
+def test_a_gguf_rope_scaling_type_is_refused(tmp_path):
+    """A GGUF naming a RoPE scaling type (linear, yarn) the loader does not map: refused, not ignored."""
     import numpy as np
     from gguf import GGUFWriter
 
@@ -238,16 +321,13 @@ def test_gguf_llama3_scaling_is_refused(extra, tmp_path):
     for key, value in dict(block_count=1, context_length=64, embedding_length=8, feed_forward_length=16,
                            head_count=2, head_count_kv=2, layer_norm_rms_eps=1e-5, rope_freq_base=10000.0).items():
         getattr(w, f"add_{key}")(value)
-    if extra == "scaling_type":
-        w.add_string("llama.rope.scaling.type", "linear")
+    w.add_string("llama.rope.scaling.type", "linear")
     w.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    if extra == "rope_freqs":
-        w.add_tensor("rope_freqs.weight", np.ones(2, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises((UsageError, CheckpointError), match="rope_freqs.weight|rope.scaling.type"):
+    with pytest.raises(UsageError, match="rope.scaling.type"):
         load_gguf(path)
 
 
