@@ -24,7 +24,7 @@ HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
     "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
 }
-GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half"}
+GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half"}
 
 
 def refuse(key: str, value, why: str) -> UsageError:
@@ -304,6 +304,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
             max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=None if factors is None else {"rope_type": "factors", "factors": factors},
         )
     except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive

@@ -240,22 +240,24 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
     return out
 
 
-def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None) -> None:
-    """A llama-architecture GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one:
-    q and k rows permuted to interleaved rotary pairs; `extra` tensors (name -> float32 array) besides."""
+def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama") -> None:
+    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
+    rows permuted to interleaved rotary pairs (`qwen2`, `qwen3` keep the halves); `extra` tensors (name -> float32
+    array) besides."""
     from gguf import GGUFWriter
 
     from specgen.models.llama import layer_map
 
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
     for key, value in dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
                            feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
-                           layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta).items():
+                           layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
+                           value_length=cfg.hd).items():
         getattr(w, f"add_{key}")(value)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     for ours, theirs in layer_map(cfg, "gguf").items():
         for name, t in zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)):
-            if name.endswith(("attn_q.weight", "attn_k.weight")):  # rotate-half halves -> interleaved pairs
+            if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
                 heads = t.shape[0] // cfg.hd
                 t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
             w.add_tensor(name, t.float().numpy())
@@ -293,6 +295,25 @@ def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
     assert_same(models["l3"], theirs, x)
     assert_same(to_hf(models["l3"]), theirs, x)
     assert not torch.allclose(logits(models["plain"], x), logits(theirs, x), atol=1e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_decodes_as_transformers_qwen(arch, tmp_path):
+    """Qwen2 (q/k/v biases) and Qwen3 GGUFs (per-head q and k norms, a head size that is not hidden / heads; refused
+    as an unsupported architecture before) give the logits transformers' model of the same weights gives."""
+    from specgen.models.llama import load_gguf
+
+    over = dict(head_dim=16) if arch == "qwen3" else {}
+    theirs = hf_model(f"Qwen{arch[-1]}ForCausalLM", tie_word_embeddings=False, **over)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch)
+    got_cfg, got_state = load_gguf(tmp_path / "q.gguf")
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == ((True, False, 16) if arch == "qwen3" else
+                                                              (False, True, 8))
+    assert_same(ours, theirs, tokens(40))
 
 
 @pytest.mark.parametrize("factors", [[1.0, 2.0], [1.0, 0.0, 8.0, 8.0], [1.0, float("nan"), 8.0, 8.0]])
