@@ -286,11 +286,13 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
     if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
         raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
                          "which specgen does not implement (docs/architectures.md)")
-    scaling = gguf_field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling != "none" or f"{arch}.attention.sliding_window" in reader.fields:
-        key = f"{arch}.rope.scaling.type" if scaling != "none" else f"{arch}.attention.sliding_window"
-        raise UsageError(f"GGUF file {path.name} sets {key}, which specgen's GGUF loader does not implement; "
-                         "import the HF folder instead (docs/architectures.md)")
+    if gguf_field(reader, f"{arch}.rope.scaling.type", "none") != "none":
+        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.scaling.type, which specgen's GGUF loader does not "
+                         "implement; import the HF folder instead (docs/architectures.md)")
+    # a sliding window caps the context at the window, as an HF folder's does: below it every key is in the window
+    window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)
+    if not isinstance(window, int) or window < 1:
+        raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
     freqs = tensors.pop("rope_freqs.weight", None)  # Llama 3's RoPE scaling as llama.cpp stores it: divisors
     factors = None if freqs is None else dequantize(freqs.data, freqs.tensor_type).reshape(-1).tolist()
     try:
@@ -302,7 +304,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
             norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT),
+            max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT, window),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=None if factors is None else {"rope_type": "factors", "factors": factors},

@@ -240,10 +240,11 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
     return out
 
 
-def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama") -> None:
+def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
+               window: int | None = None) -> None:
     """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
     rows permuted to interleaved rotary pairs (`qwen2`, `qwen3` keep the halves); `extra` tensors (name -> float32
-    array) besides."""
+    array) besides; `window`: a sliding window's key."""
     from gguf import GGUFWriter
 
     from specgen.models.llama import layer_map
@@ -254,6 +255,8 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
                            layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
                            value_length=cfg.hd).items():
         getattr(w, f"add_{key}")(value)
+    if window is not None:
+        w.add_sliding_window(window)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     for ours, theirs in layer_map(cfg, "gguf").items():
         for name, t in zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)):
@@ -313,6 +316,27 @@ def test_a_qwen_gguf_decodes_as_transformers_qwen(arch, tmp_path):
     ours.load_state_dict(got_state)
     assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == ((True, False, 16) if arch == "qwen3" else
                                                               (False, True, 8))
+    assert_same(ours, theirs, tokens(40))
+
+
+@pytest.mark.parametrize("window,context", [(None, 256), (100, 100), (4096, 256), (0, None)])
+def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, context, tmp_path):
+    """A GGUF naming a sliding window (Mistral's) was refused; below the window every key is in it, so the context is
+    capped there, as for an HF folder, and the model is the same; a window that is no positive count is refused."""
+    from specgen.models.llama import load_gguf
+
+    theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "w.gguf", cfg, state, window=window)
+    if context is None:
+        with pytest.raises(UsageError, match="sliding_window=0: not a positive window"):
+            load_gguf(tmp_path / "w.gguf")
+        return
+    got_cfg, got_state = load_gguf(tmp_path / "w.gguf")
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert got_cfg.max_seq_len == context
     assert_same(ours, theirs, tokens(40))
 
 
