@@ -23,7 +23,13 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
     "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
+    "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
 }
+# architecture -> its fused tensors as the Llama names the loader maps: a Llama name's suffix -> (the fused tensor's
+# suffix, which part of it along dim 0: q, k, v of the projection's rows; the SwiGLU gate's rows, then up's)
+FUSED = {"Phi3ForCausalLM": {
+    **{f"self_attn.{x}_proj.weight": ("self_attn.qkv_proj.weight", i) for i, x in enumerate("qkv")},
+    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0), "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1)}}
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half"}
 
 
@@ -119,8 +125,8 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
 def sliding_window(raw: dict, arch: str) -> int | None:
     """The sliding-attention window some layer uses, or None; below it sliding attention is full attention, so
     hf_config caps the context at it (docs/architectures.md)."""
-    if arch == "MistralForCausalLM":
-        window = raw.get("sliding_window", 4096)  # MistralConfig's default: every layer slides
+    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):  # every layer slides where a window is set
+        window = raw.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)  # their configs' defaults
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         kinds = set(raw.get("layer_types") or [])
         if kinds - {"full_attention", "sliding_attention"}:
@@ -247,17 +253,43 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
     if "lm_head.weight" not in index and not cfg.tie_embeddings:  # transformers would start from a random head
         raise CheckpointError(f"{folder.name} has no lm_head.weight but its config.json sets tie_word_embeddings=false")
 
-    def get(name: str) -> torch.Tensor | None:
+    def stored(name: str) -> torch.Tensor | None:
         if name not in index:
             return None
         with safe_open(str(index[name]), "pt") as h:
             return h.get_tensor(name).float()
 
+    parts = fused_parts(raw, cfg, index)  # a Llama name -> (the fused tensor holding it, the split, which part)
+    names = {n for n in index if n not in {whole for whole, _, _ in parts.values()}} | set(parts)
+
+    def get(name: str) -> torch.Tensor | None:
+        if name not in parts:
+            return stored(name)
+        whole, sizes, i = parts[name]
+        t = stored(whole)
+        if t.shape[0] != sum(sizes):
+            raise CheckpointError(f"{folder.name}: {whole} has {t.shape[0]} rows; its config gives {sum(sizes)}")
+        return t.split(sizes)[i]
+
     if cfg.tie_embeddings and "lm_head.weight" in index and not torch.equal(get("lm_head.weight"),
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    return cfg, remap(cfg, index, get, "hf", folder.name)
+    return cfg, remap(cfg, names, get, "hf", folder.name)
+
+
+def fused_parts(raw: dict, cfg: TransformerConfig, index: dict) -> dict[str, tuple[str, list[int], int]]:
+    """Each Llama tensor name a fused tensor of the checkpoint holds (`FUSED`): name -> (the fused tensor's name, its
+    rows' split, the part)."""
+    fused = FUSED.get((raw.get("architectures") or ["?"])[0], {})
+    sizes = {"self_attn.qkv_proj.weight": [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2,
+             "mlp.gate_up_proj.weight": [cfg.ffn_dim] * 2}
+    out = {}
+    for i in range(cfg.n_layers):
+        prefix = LAYER_PREFIX["hf"].format(i=i)
+        out |= {prefix + ours: (prefix + whole, sizes[whole], part) for ours, (whole, part) in fused.items()
+                if prefix + whole in index}
+    return out
 
 
 def gguf_field(reader, key: str, default=None):

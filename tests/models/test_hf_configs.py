@@ -80,6 +80,7 @@ CASES = {  # name -> (architecture, config overrides, sequence length)
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16), 64),
     "qwen3-llama3-rope": ("Qwen3ForCausalLM", dict(head_dim=8, rope_scaling=LLAMA3), 96),
     "mistral": ("MistralForCausalLM", dict(sliding_window=None), 64),
+    "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0), 64),  # fused q/k/v and gate/up products, GQA (SHAPE's)
 }
 
 
@@ -125,6 +126,7 @@ def test_dynamic_ntk_is_exact_within_the_context(tmp_path):
 @pytest.mark.parametrize("arch,over", [
     ("MistralForCausalLM", dict(sliding_window=24)),
     ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=24, max_window_layers=1)),
+    ("Phi3ForCausalLM", dict(sliding_window=24, pad_token_id=0)),  # Phi-3-mini-4k's 2047, every layer
 ])
 def test_sliding_window_caps_the_context(arch, over, tmp_path):
     """Below its window sliding attention is full attention: the context is capped there, longer is refused."""
@@ -135,6 +137,16 @@ def test_sliding_window_caps_the_context(arch, over, tmp_path):
     assert_same(ours, theirs, tokens(24))
     with pytest.raises(ContextOverflowError):
         logits(ours, tokens(25))
+
+
+def test_a_fused_product_that_does_not_split_as_its_config_says_is_named(tmp_path):
+    """Phi-3's gate_up_proj holds 2 x intermediate_size rows: a config.json that disagrees is one line naming the
+    tensor, not a shape error from deep inside a load."""
+    hf_model("Phi3ForCausalLM", pad_token_id=0).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "intermediate_size": 40}))
+    with pytest.raises(CheckpointError, match="gate_up_proj.weight has 96 rows; its config gives 80"):
+        load_hf_folder(tmp_path)
 
 
 def test_qwen2_window_unused_when_sliding_is_off():
