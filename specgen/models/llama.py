@@ -25,12 +25,16 @@ HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
     "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
 }
-# architecture -> its fused tensors as the Llama names the loader maps: a Llama name's suffix -> (the fused tensor's
-# suffix, which part of it along dim 0: q, k, v of the projection's rows; the SwiGLU gate's rows, then up's)
-FUSED = {"Phi3ForCausalLM": {
-    **{f"self_attn.{x}_proj.weight": ("self_attn.qkv_proj.weight", i) for i, x in enumerate("qkv")},
-    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0), "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1)}}
-GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half"}
+# an architecture (HF or GGUF name) -> its fused tensors as the Llama names the loader maps: a Llama name's suffix ->
+# (the fused tensor's suffix, which part of it along dim 0: q, k, v of the projection's rows; the gate's, then up's)
+FUSED = {
+    "Phi3ForCausalLM": {**{f"self_attn.{x}_proj.weight": ("self_attn.qkv_proj.weight", i) for i, x in enumerate("qkv")},
+                        "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
+                        "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1)},
+    "phi3": {**{f"attn_{x}.weight": ("attn_qkv.weight", i) for i, x in enumerate("qkv")},
+             "ffn_gate.weight": ("ffn_up.weight", 0), "ffn_up.weight": ("ffn_up.weight", 1)},
+}
+GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
 
 
 def refuse(key: str, value, why: str) -> UsageError:
@@ -259,18 +263,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
         with safe_open(str(index[name]), "pt") as h:
             return h.get_tensor(name).float()
 
-    parts = fused_parts(raw, cfg, index)  # a Llama name -> (the fused tensor holding it, the split, which part)
-    names = {n for n in index if n not in {whole for whole, _, _ in parts.values()}} | set(parts)
-
-    def get(name: str) -> torch.Tensor | None:
-        if name not in parts:
-            return stored(name)
-        whole, sizes, i = parts[name]
-        t = stored(whole)
-        if t.shape[0] != sum(sizes):
-            raise CheckpointError(f"{folder.name}: {whole} has {t.shape[0]} rows; its config gives {sum(sizes)}")
-        return t.split(sizes)[i]
-
+    names, get = unfused((raw.get("architectures") or ["?"])[0], "hf", cfg, set(index), stored, folder.name)
     if cfg.tie_embeddings and "lm_head.weight" in index and not torch.equal(get("lm_head.weight"),
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
@@ -278,18 +271,30 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
     return cfg, remap(cfg, names, get, "hf", folder.name)
 
 
-def fused_parts(raw: dict, cfg: TransformerConfig, index: dict) -> dict[str, tuple[str, list[int], int]]:
-    """Each Llama tensor name a fused tensor of the checkpoint holds (`FUSED`): name -> (the fused tensor's name, its
-    rows' split, the part)."""
-    fused = FUSED.get((raw.get("architectures") or ["?"])[0], {})
-    sizes = {"self_attn.qkv_proj.weight": [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2,
-             "mlp.gate_up_proj.weight": [cfg.ffn_dim] * 2}
-    out = {}
+def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None],
+            source: str) -> tuple[set[str], Callable[[str], torch.Tensor | None]]:
+    """A checkpoint's tensor names and getter with each fused tensor of `arch` (`FUSED`) seen as the Llama tensors it
+    holds: a fused tensor read once for its parts (they are asked one after another), its rows checked against cfg."""
+    sizes = {"qkv": [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, "up": [cfg.ffn_dim] * 2}
+    parts = {}  # a Llama name -> (the fused tensor, its rows' split, the part)
     for i in range(cfg.n_layers):
-        prefix = LAYER_PREFIX["hf"].format(i=i)
-        out |= {prefix + ours: (prefix + whole, sizes[whole], part) for ours, (whole, part) in fused.items()
-                if prefix + whole in index}
-    return out
+        prefix = LAYER_PREFIX[fmt].format(i=i)
+        parts |= {prefix + ours: (prefix + whole, sizes["qkv" if "qkv" in whole else "up"], part)
+                  for ours, (whole, part) in FUSED.get(arch, {}).items() if prefix + whole in names}
+    held: dict[str, torch.Tensor] = {}
+
+    def get(name: str) -> torch.Tensor | None:
+        if name not in parts:
+            return stored(name)
+        whole, split, part = parts[name]
+        if whole not in held:
+            held.clear()
+            held[whole] = stored(whole)
+        if held[whole].shape[0] != sum(split):
+            raise CheckpointError(f"{source}: {whole} has {held[whole].shape[0]} rows; its config gives {sum(split)}")
+        return held[whole].split(split)[part]
+
+    return {n for n in names if n not in {whole for whole, _, _ in parts.values()}} | set(parts), get
 
 
 def gguf_field(reader, key: str, default=None):
@@ -345,7 +350,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None
     done = iter(range(1, len(tensors) + 1))  # tensors converted so far
 
-    def get(name: str) -> torch.Tensor | None:
+    def stored(name: str) -> torch.Tensor | None:
         t = tensors.get(name)
         if t is None:
             return None
@@ -354,4 +359,5 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             progress(next(done), len(tensors))
         return data
 
-    return cfg, remap(cfg, tensors, get, "gguf", path.name)  # refuses a tensor the model has no place for
+    names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
+    return cfg, remap(cfg, names, get, "gguf", path.name)  # refuses a tensor the model has no place for

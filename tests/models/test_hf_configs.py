@@ -255,8 +255,9 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
 def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
                window: int | None = None) -> None:
     """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
-    rows permuted to interleaved rotary pairs (`qwen2`, `qwen3` keep the halves); `extra` tensors (name -> float32
-    array) besides; `window`: a sliding window's key."""
+    rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3` keep the halves; `phi3` fuses q, k, v into
+    attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `window`: a sliding window's
+    key."""
     from gguf import GGUFWriter
 
     from specgen.models.llama import layer_map
@@ -270,12 +271,19 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
     if window is not None:
         w.add_sliding_window(window)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
+    tensors = {}  # GGUF name -> tensor
     for ours, theirs in layer_map(cfg, "gguf").items():
-        for name, t in zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)):
-            if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
-                heads = t.shape[0] // cfg.hd
-                t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
-            w.add_tensor(name, t.float().numpy())
+        tensors |= dict(zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)))
+    if arch == "phi3":
+        for i in range(cfg.n_layers):
+            b = f"blk.{i}."
+            tensors[b + "attn_qkv.weight"] = torch.cat([tensors.pop(b + f"attn_{x}.weight") for x in "qkv"])
+            tensors[b + "ffn_up.weight"] = torch.cat([tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]])
+    for name, t in tensors.items():
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
+            heads = t.shape[0] // cfg.hd
+            t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
+        w.add_tensor(name, t.float().numpy())
     for name, array in (extra or {}).items():
         w.add_tensor(name, array)
     w.write_header_to_file()
@@ -312,22 +320,26 @@ def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
     assert not torch.allclose(logits(models["plain"], x), logits(theirs, x), atol=1e-2)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_a_qwen_gguf_decodes_as_transformers_qwen(arch, tmp_path):
-    """Qwen2 (q/k/v biases) and Qwen3 GGUFs (per-head q and k norms, a head size that is not hidden / heads; refused
-    as an unsupported architecture before) give the logits transformers' model of the same weights gives."""
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3"])
+def test_a_qwen_or_phi3_gguf_decodes_as_transformers_model(arch, tmp_path):
+    """Qwen2 (q/k/v biases), Qwen3 (per-head q and k norms, a head size that is not hidden / heads) and Phi-3 GGUFs
+    (fused attn_qkv and ffn_up: gate, then up) give the logits transformers' model of the same weights gives (Qwen3
+    and Phi-3 were refused as unsupported architectures before)."""
     from specgen.models.llama import load_gguf
 
-    over = dict(head_dim=16) if arch == "qwen3" else {}
-    theirs = hf_model(f"Qwen{arch[-1]}ForCausalLM", tie_word_embeddings=False, **over)
+    hf_arch, over = {"qwen2": ("Qwen2ForCausalLM", {}), "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16)),
+                     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0))}[arch]
+    theirs = hf_model(hf_arch, tie_word_embeddings=False, **over)
     theirs.save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
     write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch)
-    got_cfg, got_state = load_gguf(tmp_path / "q.gguf")
+    seen = []  # the progress callback: each stored tensor converted once, a fused one too
+    got_cfg, got_state = load_gguf(tmp_path / "q.gguf", lambda i, n: seen.append((i, n)))
+    assert seen == [(i, seen[0][1]) for i in range(1, seen[0][1] + 1)]
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
-    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == ((True, False, 16) if arch == "qwen3" else
-                                                              (False, True, 8))
+    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == {"qwen2": (False, True, 8), "qwen3": (True, False, 16),
+                                                               "phi3": (False, False, 8)}[arch]
     assert_same(ours, theirs, tokens(40))
 
 
