@@ -302,6 +302,31 @@ def gguf_field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
+GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
+
+
+def gguf_rope_scaling(reader, arch: str, context: int, source: str) -> dict | None:
+    """TransformerConfig.rope_scaling of a GGUF's `{arch}.rope.scaling.*` keys, read as the HF `rope_scaling` keys
+    llama.cpp's converter wrote them from: linear and YaRN, whose llama.cpp defaults are transformers' (beta_fast 32,
+    beta_slow 1, attention factor 0.1 ln s + 1, the training context as the original). Another type, or a key of
+    llama.cpp's own (a YaRN attention or extrapolation factor, DeepSeek's log multiplier), is refused."""
+    key = f"{arch}.rope.scaling"
+    kind, factor = gguf_field(reader, f"{key}.type", "none"), gguf_field(reader, f"{key}.factor")
+    if kind == "none":
+        return None
+    own = [k for k in reader.fields if k.startswith(f"{key}.") and k[len(key) + 1:] not in GGUF_SCALING_KEYS]
+    if kind not in ("linear", "yarn") or own or not isinstance(factor, (int, float)) or not factor > 0:
+        what = (f"{key}.type={kind}" if kind not in ("linear", "yarn") else own[0] if own else
+                f"{key}.factor={factor}")
+        raise UsageError(f"GGUF file {source} sets {what}, which specgen's GGUF loader does not map; import the HF "
+                         "folder instead (docs/architectures.md)")
+    params = {"rope_type": kind, "factor": float(factor),
+              "original_max_position_embeddings": gguf_field(reader, f"{key}.original_context_length"),
+              "beta_fast": gguf_field(reader, f"{key}.yarn_beta_fast"),
+              "beta_slow": gguf_field(reader, f"{key}.yarn_beta_slow")}
+    return rope_scaling({"rope_scaling": {k: v for k, v in params.items() if v is not None}}, context)[0]
+
+
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
               ) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
     """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
@@ -323,9 +348,8 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
     if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
         raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
                          "which specgen does not implement (docs/architectures.md)")
-    if gguf_field(reader, f"{arch}.rope.scaling.type", "none") != "none":
-        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.scaling.type, which specgen's GGUF loader does not "
-                         "implement; import the HF folder instead (docs/architectures.md)")
+    context = int(gguf_field(reader, f"{arch}.context_length", 2048))
+    scaling = gguf_rope_scaling(reader, arch, context, path.name)
     # a sliding window caps the context at the window, as an HF folder's does: below it every key is in the window
     window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)
     if not isinstance(window, int) or window < 1:
@@ -341,10 +365,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
             norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=min(int(gguf_field(reader, f"{arch}.context_length", 2048)), MAX_CONTEXT, window),
+            max_seq_len=min(context, MAX_CONTEXT, window),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
-            rope_scaling=None if factors is None else {"rope_type": "factors", "factors": factors},
+            rope_scaling=scaling if factors is None else {"rope_type": "factors", "factors": factors},
         )
     except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None

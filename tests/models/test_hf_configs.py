@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from gguf import RopeScalingType
 
 from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
@@ -253,11 +254,11 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
 
 
 def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
-               window: int | None = None) -> None:
+               **keys) -> None:
     """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
     rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3` keep the halves; `phi3` fuses q, k, v into
-    attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `window`: a sliding window's
-    key."""
+    attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `keys`: more metadata, by the
+    writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...)."""
     from gguf import GGUFWriter
 
     from specgen.models.llama import layer_map
@@ -268,8 +269,8 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
                            layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
                            value_length=cfg.hd).items():
         getattr(w, f"add_{key}")(value)
-    if window is not None:
-        w.add_sliding_window(window)
+    for key, value in keys.items():
+        getattr(w, f"add_{key}")(value)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     tensors = {}  # GGUF name -> tensor
     for ours, theirs in layer_map(cfg, "gguf").items():
@@ -352,7 +353,7 @@ def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, co
     theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
-    write_gguf(tmp_path / "w.gguf", cfg, state, window=window)
+    write_gguf(tmp_path / "w.gguf", cfg, state, **({} if window is None else dict(sliding_window=window)))
     if context is None:
         with pytest.raises(UsageError, match="sliding_window=0: not a positive window"):
             load_gguf(tmp_path / "w.gguf")
@@ -378,26 +379,39 @@ def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_p
         load_gguf(tmp_path / "bad.gguf")
 
 
-def test_a_gguf_rope_scaling_type_is_refused(tmp_path):
-    """A GGUF naming a RoPE scaling type (linear, yarn) the loader does not map: refused, not ignored."""
-    import numpy as np
-    from gguf import GGUFWriter
-
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_a_gguf_rope_scaling_loads_as_the_hf_config_it_came_from(kind, tmp_path):
+    """A GGUF's rope.scaling keys (linear; YaRN with llama.cpp's defaults, which are transformers') were refused: they
+    now give the rope_scaling the HF config they were converted from gives, and transformers' logits."""
     from specgen.models.llama import load_gguf
 
-    path = tmp_path / "tiny.gguf"
-    w = GGUFWriter(str(path), "llama")
-    for key, value in dict(block_count=1, context_length=64, embedding_length=8, feed_forward_length=16,
-                           head_count=2, head_count_kv=2, layer_norm_rms_eps=1e-5, rope_freq_base=10000.0).items():
-        getattr(w, f"add_{key}")(value)
-    w.add_string("llama.rope.scaling.type", "linear")
-    w.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with pytest.raises(UsageError, match="rope.scaling.type"):
-        load_gguf(path)
+    scaling = {"rope_type": kind, "factor": 4.0, **({"original_max_position_embeddings": 32} if kind == "yarn" else {})}
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=scaling, tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    keys = dict(rope_scaling_type=RopeScalingType(kind), rope_scaling_factor=4.0)
+    write_gguf(tmp_path / "s.gguf", cfg, state, **keys, **({"rope_scaling_orig_ctx_len": 32} if kind == "yarn" else {}))
+    got_cfg, got_state = load_gguf(tmp_path / "s.gguf")
+    assert got_cfg.rope_scaling == cfg.rope_scaling
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert_same(ours, theirs, tokens(96))
+
+
+@pytest.mark.parametrize("keys,needle", [
+    (dict(rope_scaling_type=RopeScalingType("longrope"), rope_scaling_factor=4.0), "rope.scaling.type=longrope"),
+    (dict(rope_scaling_type=RopeScalingType("yarn"), rope_scaling_factor=4.0, rope_scaling_yarn_log_mul=0.1),
+     "rope.scaling.yarn_log_multiplier"),
+    (dict(rope_scaling_type=RopeScalingType("linear"), rope_scaling_factor=0.0), "rope.scaling.factor=0.0"),
+])
+def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tmp_path):
+    from specgen.models.llama import load_gguf
+
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
+    with pytest.raises(UsageError, match=f"s.gguf sets llama.{needle}, which specgen's GGUF loader does not map"):
+        load_gguf(tmp_path / "s.gguf")
 
 
 def test_a_truncated_gguf_says_so(tmp_path):
