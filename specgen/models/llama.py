@@ -53,15 +53,20 @@ def hf_config(raw: dict) -> TransformerConfig:
     n_heads = raw["num_attention_heads"]
     context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
     scaling, theta = rope_scaling(raw, context)
-    return TransformerConfig(
-        vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
-        n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-        ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
-        norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
-        max_seq_len=min(context, MAX_CONTEXT, sliding_window(raw, arch) or context),
-        qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-    )
+    if scaling and scaling["rope_type"] == "longrope":  # past its original context every position's table changes
+        context = min(context, scaling["original_max_position_embeddings"])
+    try:
+        return TransformerConfig(
+            vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
+            n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
+            ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
+            norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
+            max_seq_len=min(context, MAX_CONTEXT, sliding_window(raw, arch) or context),
+            qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        )
+    except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
+        raise UsageError(f"config.json: {e}") from None
 
 
 def check_unsupported(raw: dict, arch: str) -> None:
@@ -120,10 +125,16 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
                 "attention_factor": float(attention), "beta_fast": float(params.get("beta_fast") or 32),
                 "beta_slow": float(params.get("beta_slow") or 1),
                 "truncate": bool(params.get("truncate", True))}, theta
-    why = ("its frequencies switch with the sequence length (short/long factors), which a static table cannot hold"
-           if kind == "longrope" else
-           "this RoPE type is not implemented (supported: default, linear, dynamic, llama3, yarn)")
-    raise refuse(f"{key}.rope_type", kind, why)
+    if kind == "longrope":  # short factors within the original context, which caps specgen's (hf_config)
+        factor = float(params.get("factor") or context / original)
+        attention = params.get("attention_factor")
+        if attention is None:  # LongRoPE's sqrt(1 + ln s / ln L), 1 when the context is not extended
+            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return {"rope_type": "longrope", "short_factor": [float(f) for f in need("short_factor")],
+                "long_factor": [float(f) for f in need("long_factor")], "attention_factor": float(attention),
+                "original_max_position_embeddings": original}, theta
+    raise refuse(f"{key}.rope_type", kind, "this RoPE type is not implemented (supported: default, linear, dynamic, "
+                 "llama3, yarn, longrope)")
 
 
 def sliding_window(raw: dict, arch: str) -> int | None:

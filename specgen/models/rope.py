@@ -9,7 +9,9 @@ import torch
 
 from specgen.models import kernel_choice
 
-SCALINGS = ("linear", "llama3", "factors", "yarn")  # the `rope_type`s a table can carry
+SCALINGS = ("linear", "llama3", "factors", "longrope", "yarn")  # the `rope_type`s a table can carry
+#: rope_type -> its key holding one number a frequency (TransformerConfig checks their count and sign)
+PER_FREQUENCY = {"factors": ("factors",), "longrope": ("short_factor", "long_factor")}
 
 
 def inv_freq(dim: int, theta: float) -> torch.Tensor:
@@ -20,7 +22,9 @@ def inv_freq(dim: int, theta: float) -> torch.Tensor:
 def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [dim/2] and the cos/sin (attention) factor of a context-extended RoPE ("linear", "llama3",
     "yarn"), with transformers' float32 operations so the tables agree bit for bit; "factors": each frequency divided
-    by its own stored factor (a GGUF's `rope_freqs.weight`, as llama.cpp applies it)."""
+    by its own stored factor (a GGUF's `rope_freqs.weight`, as llama.cpp applies it); "longrope": its short factors,
+    which transformers uses while a sequence is within `original_max_position_embeddings` (the context is capped
+    there: past it transformers switches every position to the long factors)."""
     kind, base = scaling["rope_type"], inv_freq(dim, theta)
     if kind == "linear":
         return base / scaling["factor"], 1.0
@@ -35,6 +39,10 @@ def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor
         return torch.where(medium, smoothed, out), 1.0
     if kind == "factors":
         return base / torch.tensor(scaling["factors"], dtype=torch.float32), 1.0
+    if kind == "longrope":
+        shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (torch.tensor(scaling["short_factor"], dtype=torch.float32) * theta**shape), \
+            scaling["attention_factor"]
     # yarn: the last of SCALINGS (TransformerConfig admits no other kind)
     factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
 

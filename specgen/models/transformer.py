@@ -13,7 +13,7 @@ from specgen.models import kernel_choice, native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import SCALINGS, Rotation, layout_table, rows_rotation, table_1d, table_2d
+from specgen.models.rope import PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, table_1d, table_2d
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,11 @@ class TransformerConfig:
             raise ValueError("a text-conditional model needs n_cond >= 1 caption slots")
         if self.rope_scaling and (self.rope_grid or self.rope_scaling.get("rope_type") not in SCALINGS):
             raise ValueError(f"rope_scaling {self.rope_scaling} is not a 1D scaling of {', '.join(SCALINGS)}")
-        if self.rope_scaling and self.rope_scaling["rope_type"] == "factors":
-            factors = self.rope_scaling.get("factors")
+        for key in PER_FREQUENCY.get((self.rope_scaling or {}).get("rope_type"), ()):
+            factors = self.rope_scaling.get(key)
             if not isinstance(factors, list) or len(factors) != self.hd // 2 or not all(
                     isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
-                raise ValueError(f"RoPE factors must be a list of {self.hd // 2} positive finite numbers (one a "
+                raise ValueError(f"RoPE {key} must be a list of {self.hd // 2} positive finite numbers (one a "
                                  f"frequency of head size {self.hd}): {str(factors)[:80]}")
 
     @property

@@ -140,6 +140,28 @@ def test_sliding_window_caps_the_context(arch, over, tmp_path):
         logits(ours, tokens(25))
 
 
+def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(tmp_path):
+    """Phi-3.5-mini and Phi-3-128k (LongRoPE) were refused: transformers uses their short factors (and LongRoPE's
+    attention factor) while a sequence is within original_max_position_embeddings, and switches every position to the
+    long factors past it. So they load with the short factors and that context (the entry records its own)."""
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert ours.cfg.max_seq_len == 32 and ours.cfg.rope_scaling["attention_factor"] == math.sqrt(1 + math.log(8) /
+                                                                                                 math.log(32))
+    assert_same(ours, theirs, tokens(32))
+    assert_same(to_hf(ours), theirs, tokens(32))
+    with pytest.raises(ContextOverflowError):
+        logits(ours, tokens(33))
+    import dataclasses  # control: the long factors' table is another model within the original context
+
+    wrong = Transformer(dataclasses.replace(ours.cfg, rope_scaling={**ours.cfg.rope_scaling,
+                                                                    "short_factor": longrope["long_factor"]})).eval()
+    wrong.load_state_dict(ours.state_dict())
+    assert not torch.allclose(logits(wrong, tokens(32)), logits(theirs, tokens(32)), atol=1e-2)
+
+
 def test_a_fused_product_that_does_not_split_as_its_config_says_is_named(tmp_path):
     """Phi-3's gate_up_proj holds 2 x intermediate_size rows: a config.json that disagrees is one line naming the
     tensor, not a shape error from deep inside a load."""
@@ -186,7 +208,8 @@ def raw_llama(**over) -> dict:
     (dict(mlp_bias=True), "mlp_bias"),
     (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
     (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
-    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "rope_type"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "short_factor"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4}), "long_factor"),
     (dict(rope_scaling={"type": "su"}), "rope_type"),
     (dict(rope_parameters={"full_attention": {"rope_type": "default"}}), "rope_parameters"),
     (dict(rope_scaling={"rope_type": "linear"}), "factor"),
