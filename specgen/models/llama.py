@@ -316,16 +316,26 @@ def gguf_field(reader, key: str, default=None):
 GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
-def gguf_rope_scaling(reader, arch: str, context: int, source: str) -> dict | None:
+def gguf_rope_scaling(reader, arch: str, context: int, source: str, longrope: dict[str, list | None]) -> dict | None:
     """TransformerConfig.rope_scaling of a GGUF's `{arch}.rope.scaling.*` keys, read as the HF `rope_scaling` keys
     llama.cpp's converter wrote them from: linear and YaRN, whose llama.cpp defaults are transformers' (beta_fast 32,
-    beta_slow 1, attention factor 0.1 ln s + 1, the training context as the original). Another type, or a key of
-    llama.cpp's own (a YaRN attention or extrapolation factor, DeepSeek's log multiplier), is refused."""
+    beta_slow 1, attention factor 0.1 ln s + 1, the training context as the original); LongRoPE (Phi-3) from its
+    `longrope` factor tensors (short, long), the attention factor and original context the converter computed. Another
+    type, or a key of llama.cpp's own (a YaRN attention or extrapolation factor, DeepSeek's log multiplier), is
+    refused."""
     key = f"{arch}.rope.scaling"
     kind, factor = gguf_field(reader, f"{key}.type", "none"), gguf_field(reader, f"{key}.factor")
-    if kind == "none":
-        return None
     own = [k for k in reader.fields if k.startswith(f"{key}.") and k[len(key) + 1:] not in GGUF_SCALING_KEYS]
+    if any(f is not None for f in longrope.values()) and kind in ("none", "longrope"):
+        if None in longrope.values():
+            raise CheckpointError(f"GGUF file {source} holds one of rope_factors_short/long.weight; LongRoPE needs "
+                                  "both")
+        original = int(gguf_field(reader, f"{key}.original_context_length", context))
+        return {"rope_type": "longrope", "short_factor": longrope["short"], "long_factor": longrope["long"],
+                "attention_factor": float(gguf_field(reader, f"{key}.attn_factor", 1.0)),
+                "original_max_position_embeddings": original}
+    if kind == "none" and not own:
+        return None
     if kind not in ("linear", "yarn") or own or not isinstance(factor, (int, float)) or not factor > 0:
         what = (f"{key}.type={kind}" if kind not in ("linear", "yarn") else own[0] if own else
                 f"{key}.factor={factor}")
@@ -360,7 +370,12 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
                          "which specgen does not implement (docs/architectures.md)")
     context = int(gguf_field(reader, f"{arch}.context_length", 2048))
-    scaling = gguf_rope_scaling(reader, arch, context, path.name)
+    longrope = {x: tensors.pop(f"rope_factors_{x}.weight", None) for x in ("short", "long")}  # Phi-3's LongRoPE
+    longrope = {x: None if t is None else dequantize(t.data, t.tensor_type).reshape(-1).tolist()
+                for x, t in longrope.items()}
+    scaling = gguf_rope_scaling(reader, arch, context, path.name, longrope)
+    if scaling and scaling["rope_type"] == "longrope":  # as an HF folder's (hf_config): the short factors' context
+        context = min(context, scaling["original_max_position_embeddings"])
     # a sliding window caps the context at the window, as an HF folder's does: below it every key is in the window
     window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)
     if not isinstance(window, int) or window < 1:

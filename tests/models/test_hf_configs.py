@@ -4,6 +4,7 @@ the scaling to matter; every refused key is named by its one-line error."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -154,8 +155,7 @@ def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(t
     assert_same(to_hf(ours), theirs, tokens(32))
     with pytest.raises(ContextOverflowError):
         logits(ours, tokens(33))
-    import dataclasses  # control: the long factors' table is another model within the original context
-
+    # control: the long factors' table is another model within the original context
     wrong = Transformer(dataclasses.replace(ours.cfg, rope_scaling={**ours.cfg.rope_scaling,
                                                                     "short_factor": longrope["long_factor"]})).eval()
     wrong.load_state_dict(ours.state_dict())
@@ -419,6 +419,36 @@ def test_a_gguf_rope_scaling_loads_as_the_hf_config_it_came_from(kind, tmp_path)
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
     assert_same(ours, theirs, tokens(96))
+
+
+def test_a_phi3_longrope_gguf_loads_as_its_hf_folder(tmp_path):
+    """Phi-3.5-mini's GGUF as llama.cpp's converter writes it: the short and long factors as tensors, the attention
+    factor it computed and the original context as keys (no scaling type); the same table and context as the HF
+    folder's, transformers' logits."""
+    import numpy as np
+
+    from specgen.models.llama import load_gguf
+
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32,
+                      tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    tensors = {f"rope_factors_{x}.weight": np.array(longrope[f"{x}_factor"], dtype=np.float32)
+               for x in ("short", "long")}
+    write_gguf(tmp_path / "p.gguf", dataclasses.replace(cfg, max_seq_len=256), state, tensors, arch="phi3",
+               rope_scaling_attn_factors=math.sqrt(1 + math.log(256 / 32) / math.log(32)), rope_scaling_orig_ctx_len=32)
+    got_cfg, got_state = load_gguf(tmp_path / "p.gguf")
+    got, want = dict(got_cfg.rope_scaling), dict(cfg.rope_scaling)  # the attention factor as the file's float32
+    assert got.pop("attention_factor") == pytest.approx(want.pop("attention_factor"), rel=1e-7) and got == want
+    assert got_cfg.max_seq_len == 32
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert_same(ours, theirs, tokens(32))
+    del tensors["rope_factors_long.weight"]
+    write_gguf(tmp_path / "half.gguf", cfg, state, tensors, arch="phi3", rope_scaling_orig_ctx_len=32)
+    with pytest.raises(CheckpointError, match="holds one of rope_factors_short/long.weight; LongRoPE needs both"):
+        load_gguf(tmp_path / "half.gguf")
 
 
 @pytest.mark.parametrize("keys,needle", [
