@@ -39,7 +39,7 @@ SMOLLM2 = TransformerConfig(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n
 
 def model_of(args) -> Transformer:
     if args.gguf:
-        from specgen.models.llama import load_gguf
+        from specgen.models.gguf_loader import load_gguf
 
         cfg, state = load_gguf(Path(args.gguf))
         model = Transformer(cfg)

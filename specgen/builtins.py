@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from specgen import registry
 from specgen.errors import CheckpointError, MissingDependencyError
-from specgen.models.llama import load_gguf
+from specgen.models.gguf_loader import load_gguf
 
 Progress = Callable[[str, int, int], None] | None
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,4 +1,4 @@
-"""Llama-family weights (HF folders, GGUF files), loaded exactly or refused in one line (docs/architectures.md)."""
+"""Llama-family HF folders, and the tensor names GGUF files map through (gguf_loader.py): loaded exactly or refused."""
 
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ FUSED = {
     "phi3": {**{f"attn_{x}.weight": ("attn_qkv.weight", i) for i, x in enumerate("qkv")},
              "ffn_gate.weight": ("ffn_up.weight", 0), "ffn_up.weight": ("ffn_up.weight", 1)},
 }
-GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
 
 
 def refuse(key: str, value, why: str) -> UsageError:
@@ -306,108 +305,3 @@ def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored
         return held[whole].split(split)[part]
 
     return {n for n in names if n not in {whole for whole, _, _ in parts.values()}} | set(parts), get
-
-
-def gguf_field(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
-
-
-def gguf_rope_scaling(reader, arch: str, context: int, source: str, longrope: dict[str, list | None]) -> dict | None:
-    """TransformerConfig.rope_scaling of a GGUF's `{arch}.rope.scaling.*` keys, read as the HF `rope_scaling` keys
-    llama.cpp's converter wrote them from: linear and YaRN, whose llama.cpp defaults are transformers' (beta_fast 32,
-    beta_slow 1, attention factor 0.1 ln s + 1, the training context as the original); LongRoPE (Phi-3) from its
-    `longrope` factor tensors (short, long), the attention factor and original context the converter computed. Another
-    type, or a key of llama.cpp's own (a YaRN attention or extrapolation factor, DeepSeek's log multiplier), is
-    refused."""
-    key = f"{arch}.rope.scaling"
-    kind, factor = gguf_field(reader, f"{key}.type", "none"), gguf_field(reader, f"{key}.factor")
-    own = [k for k in reader.fields if k.startswith(f"{key}.") and k[len(key) + 1:] not in GGUF_SCALING_KEYS]
-    if any(f is not None for f in longrope.values()) and kind in ("none", "longrope"):
-        if None in longrope.values():
-            raise CheckpointError(f"GGUF file {source} holds one of rope_factors_short/long.weight; LongRoPE needs "
-                                  "both")
-        original = int(gguf_field(reader, f"{key}.original_context_length", context))
-        return {"rope_type": "longrope", "short_factor": longrope["short"], "long_factor": longrope["long"],
-                "attention_factor": float(gguf_field(reader, f"{key}.attn_factor", 1.0)),
-                "original_max_position_embeddings": original}
-    if kind == "none" and not own:
-        return None
-    if kind not in ("linear", "yarn") or own or not isinstance(factor, (int, float)) or not factor > 0:
-        what = (f"{key}.type={kind}" if kind not in ("linear", "yarn") else own[0] if own else
-                f"{key}.factor={factor}")
-        raise UsageError(f"GGUF file {source} sets {what}, which specgen's GGUF loader does not map; import the HF "
-                         "folder instead (docs/architectures.md)")
-    params = {"rope_type": kind, "factor": float(factor),
-              "original_max_position_embeddings": gguf_field(reader, f"{key}.original_context_length"),
-              "beta_fast": gguf_field(reader, f"{key}.yarn_beta_fast"),
-              "beta_slow": gguf_field(reader, f"{key}.yarn_beta_slow")}
-    return rope_scaling({"rope_scaling": {k: v for k, v in params.items() if v is not None}}, context)[0]
-
-
-def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
-              ) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
-    """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
-    from gguf import GGUFReader  # deferred: start-up (gguf loads numpy's bits; only a GGUF import needs it)
-    from gguf.quants import dequantize
-
-    try:
-        reader = GGUFReader(str(path))
-        arch = gguf_field(reader, "general.architecture")
-    except Exception as e:  # the gguf package raises ValueError/struct errors on bad files
-        raise CheckpointError(f"cannot parse GGUF file {path}: {e} (truncated, or not a GGUF file: fetch it again)"
-                              ) from None
-    if arch not in GGUF_LAYOUTS:
-        raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
-    tensors = {t.name: t for t in reader.tensors}
-    n_heads = gguf_field(reader, f"{arch}.attention.head_count")
-    dim = gguf_field(reader, f"{arch}.embedding_length")
-    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", dim // n_heads))
-    if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
-                         "which specgen does not implement (docs/architectures.md)")
-    context = int(gguf_field(reader, f"{arch}.context_length", 2048))
-    longrope = {x: tensors.pop(f"rope_factors_{x}.weight", None) for x in ("short", "long")}  # Phi-3's LongRoPE
-    longrope = {x: None if t is None else dequantize(t.data, t.tensor_type).reshape(-1).tolist()
-                for x, t in longrope.items()}
-    scaling = gguf_rope_scaling(reader, arch, context, path.name, longrope)
-    if scaling and scaling["rope_type"] == "longrope":  # as an HF folder's (hf_config): the short factors' context
-        context = min(context, scaling["original_max_position_embeddings"])
-    # a sliding window caps the context at the window, as an HF folder's does: below it every key is in the window
-    window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)
-    if not isinstance(window, int) or window < 1:
-        raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
-    freqs = tensors.pop("rope_freqs.weight", None)  # Llama 3's RoPE scaling as llama.cpp stores it: divisors
-    factors = None if freqs is None else dequantize(freqs.data, freqs.tensor_type).reshape(-1).tolist()
-    try:
-        cfg = TransformerConfig(
-            vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
-            n_layers=gguf_field(reader, f"{arch}.block_count"), n_heads=n_heads,
-            n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
-            ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
-            head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
-            norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=min(context, MAX_CONTEXT, window),
-            qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
-            rope_scaling=scaling if factors is None else {"rope_type": "factors", "factors": factors},
-        )
-    except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive
-        raise CheckpointError(f"GGUF file {path.name}: {e}") from None
-    done = iter(range(1, len(tensors) + 1))  # tensors converted so far
-
-    def stored(name: str) -> torch.Tensor | None:
-        t = tensors.get(name)
-        if t is None:
-            return None
-        data = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        if progress:
-            progress(next(done), len(tensors))
-        return data
-
-    names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
-    return cfg, remap(cfg, names, get, "gguf", path.name)  # refuses a tensor the model has no place for

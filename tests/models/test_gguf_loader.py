@@ -1,0 +1,218 @@
+"""GGUF files (models/gguf_loader.py) load as their HF folders do: each written here as llama.cpp's converter writes
+one from a transformers model's folder, its logits transformers' (1e-4); what the loader does not map is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFWriter, RopeScalingType
+
+from specgen.errors import CheckpointError, UsageError
+from specgen.models.gguf_loader import load_gguf
+from specgen.models.hf_export import to_hf
+from specgen.models.llama import layer_map, load_hf_folder
+from specgen.models.transformer import Transformer
+from tests.models.test_hf_configs import LLAMA3, assert_same, hf_model, logits, tokens
+
+
+def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
+    """The rope_freqs.weight llama.cpp's converter stores for a Llama 3 scaling: a frequency's divisor, 1 where its
+    wavelength is under original / high_freq_factor, `factor` over original / low_freq_factor, and between them the
+    blend's, 1 / ((1 - s) / factor + s), s = (original / wavelength - low) / (high - low)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    out = []
+    for f in (1.0 / theta ** (torch.arange(0, hd, 2).float() / hd)).tolist():
+        wavelength = 2 * math.pi / f
+        s = (old / wavelength - low) / (high - low)
+        out.append(1.0 if wavelength < old / high else factor if wavelength > old / low else 1 / ((1 - s) / factor + s))
+    return out
+
+
+def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
+               **keys) -> None:
+    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
+    rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3` keep the halves; `phi3` fuses q, k, v into
+    attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `keys`: more metadata, by the
+    writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...)."""
+    w = GGUFWriter(str(path), arch)
+    for key, value in dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
+                           feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
+                           layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
+                           value_length=cfg.hd).items():
+        getattr(w, f"add_{key}")(value)
+    for key, value in keys.items():
+        getattr(w, f"add_{key}")(value)
+    sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
+    tensors = {}  # GGUF name -> tensor
+    for ours, theirs in layer_map(cfg, "gguf").items():
+        tensors |= dict(zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)))
+    if arch == "phi3":
+        for i in range(cfg.n_layers):
+            b = f"blk.{i}."
+            tensors[b + "attn_qkv.weight"] = torch.cat([tensors.pop(b + f"attn_{x}.weight") for x in "qkv"])
+            tensors[b + "ffn_up.weight"] = torch.cat([tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]])
+    for name, t in tensors.items():
+        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
+            heads = t.shape[0] // cfg.hd
+            t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
+        w.add_tensor(name, t.float().numpy())
+    for name, array in (extra or {}).items():
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
+    """Llama 3.x GGUFs carry their RoPE scaling as rope_freqs.weight (a divisor a frequency), which the loader refused:
+    it now divides each frequency by its factor, as llama.cpp does, so the GGUF of a transformers Llama 3 model gives
+    that model's logits, and so does the `hf` row's export of it. Control: the same GGUF without the factors."""
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3, tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    factors = llama3_factors(cfg.hd, cfg.rope_theta, LLAMA3)
+    assert factors[0] == 1 and 1 < factors[1] < 8 and factors[-1] == 8  # every band of the scaling is tested
+    write_gguf(tmp_path / "l3.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
+    write_gguf(tmp_path / "plain.gguf", cfg, state)
+    models = {}
+    for name in ("l3", "plain"):
+        got_cfg, got_state = load_gguf(tmp_path / f"{name}.gguf")
+        models[name] = Transformer(got_cfg).eval()
+        models[name].load_state_dict(got_state)
+    assert models["l3"].cfg.rope_scaling == {"rope_type": "factors",
+                                             "factors": np.array(factors, dtype=np.float32).tolist()}
+    x = tokens(96)  # past original_max_position_embeddings (32): the scaling shows
+    assert_same(models["l3"], theirs, x)
+    assert_same(to_hf(models["l3"]), theirs, x)
+    assert not torch.allclose(logits(models["plain"], x), logits(theirs, x), atol=1e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3"])
+def test_a_qwen_or_phi3_gguf_decodes_as_transformers_model(arch, tmp_path):
+    """Qwen2 (q/k/v biases), Qwen3 (per-head q and k norms, a head size that is not hidden / heads) and Phi-3 GGUFs
+    (fused attn_qkv and ffn_up: gate, then up) give the logits transformers' model of the same weights gives (Qwen3
+    and Phi-3 were refused as unsupported architectures before)."""
+    hf_arch, over = {"qwen2": ("Qwen2ForCausalLM", {}), "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16)),
+                     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0))}[arch]
+    theirs = hf_model(hf_arch, tie_word_embeddings=False, **over)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch)
+    seen = []  # the progress callback: each stored tensor converted once, a fused one too
+    got_cfg, got_state = load_gguf(tmp_path / "q.gguf", lambda i, n: seen.append((i, n)))
+    assert seen == [(i, seen[0][1]) for i in range(1, seen[0][1] + 1)]
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == {"qwen2": (False, True, 8), "qwen3": (True, False, 16),
+                                                               "phi3": (False, False, 8)}[arch]
+    assert_same(ours, theirs, tokens(40))
+
+
+@pytest.mark.parametrize("window,context", [(None, 256), (100, 100), (4096, 256), (0, None)])
+def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, context, tmp_path):
+    """A GGUF naming a sliding window (Mistral's) was refused; below the window every key is in it, so the context is
+    capped there, as for an HF folder, and the model is the same; a window that is no positive count is refused."""
+    theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "w.gguf", cfg, state, **({} if window is None else dict(sliding_window=window)))
+    if context is None:
+        with pytest.raises(UsageError, match="sliding_window=0: not a positive window"):
+            load_gguf(tmp_path / "w.gguf")
+        return
+    got_cfg, got_state = load_gguf(tmp_path / "w.gguf")
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert got_cfg.max_seq_len == context
+    assert_same(ours, theirs, tokens(40))
+
+
+@pytest.mark.parametrize("factors", [[1.0, 2.0], [1.0, 0.0, 8.0, 8.0], [1.0, float("nan"), 8.0, 8.0]])
+def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_path):
+
+
+    theirs = hf_model("LlamaForCausalLM")
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "bad.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
+    with pytest.raises(CheckpointError, match="bad.gguf: RoPE factors must be a list of 4 positive finite numbers"):
+        load_gguf(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("kind", ["linear", "yarn"])
+def test_a_gguf_rope_scaling_loads_as_the_hf_config_it_came_from(kind, tmp_path):
+    """A GGUF's rope.scaling keys (linear; YaRN with llama.cpp's defaults, which are transformers') were refused: they
+    now give the rope_scaling the HF config they were converted from gives, and transformers' logits."""
+    scaling = {"rope_type": kind, "factor": 4.0, **({"original_max_position_embeddings": 32} if kind == "yarn" else {})}
+    theirs = hf_model("LlamaForCausalLM", rope_scaling=scaling, tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    keys = dict(rope_scaling_type=RopeScalingType(kind), rope_scaling_factor=4.0)
+    write_gguf(tmp_path / "s.gguf", cfg, state, **keys, **({"rope_scaling_orig_ctx_len": 32} if kind == "yarn" else {}))
+    got_cfg, got_state = load_gguf(tmp_path / "s.gguf")
+    assert got_cfg.rope_scaling == cfg.rope_scaling
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert_same(ours, theirs, tokens(96))
+
+
+def test_a_phi3_longrope_gguf_loads_as_its_hf_folder(tmp_path):
+    """Phi-3.5-mini's GGUF as llama.cpp's converter writes it: the short and long factors as tensors, the attention
+    factor it computed and the original context as keys (no scaling type); the same table and context as the HF
+    folder's, transformers' logits."""
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32,
+                      tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    tensors = {f"rope_factors_{x}.weight": np.array(longrope[f"{x}_factor"], dtype=np.float32)
+               for x in ("short", "long")}
+    write_gguf(tmp_path / "p.gguf", dataclasses.replace(cfg, max_seq_len=256), state, tensors, arch="phi3",
+               rope_scaling_attn_factors=math.sqrt(1 + math.log(256 / 32) / math.log(32)), rope_scaling_orig_ctx_len=32)
+    got_cfg, got_state = load_gguf(tmp_path / "p.gguf")
+    got, want = dict(got_cfg.rope_scaling), dict(cfg.rope_scaling)  # the attention factor as the file's float32
+    assert got.pop("attention_factor") == pytest.approx(want.pop("attention_factor"), rel=1e-7) and got == want
+    assert got_cfg.max_seq_len == 32
+    ours = Transformer(got_cfg).eval()
+    ours.load_state_dict(got_state)
+    assert_same(ours, theirs, tokens(32))
+    del tensors["rope_factors_long.weight"]
+    write_gguf(tmp_path / "half.gguf", cfg, state, tensors, arch="phi3", rope_scaling_orig_ctx_len=32)
+    with pytest.raises(CheckpointError, match="holds one of rope_factors_short/long.weight; LongRoPE needs both"):
+        load_gguf(tmp_path / "half.gguf")
+
+
+@pytest.mark.parametrize("keys,needle", [
+    (dict(rope_scaling_type=RopeScalingType("longrope"), rope_scaling_factor=4.0), "rope.scaling.type=longrope"),
+    (dict(rope_scaling_type=RopeScalingType("yarn"), rope_scaling_factor=4.0, rope_scaling_yarn_log_mul=0.1),
+     "rope.scaling.yarn_log_multiplier"),
+    (dict(rope_scaling_type=RopeScalingType("linear"), rope_scaling_factor=0.0), "rope.scaling.factor=0.0"),
+])
+def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tmp_path):
+
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
+    with pytest.raises(UsageError, match=f"s.gguf sets llama.{needle}, which specgen's GGUF loader does not map"):
+        load_gguf(tmp_path / "s.gguf")
+
+
+def test_a_truncated_gguf_says_so(tmp_path):
+    """A GGUF cut short (an interrupted download) was 'cannot reshape array of size 3214336 into shape (49152,612)'."""
+    path = tmp_path / "tiny.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    path.write_bytes(path.read_bytes()[:-4096])
+    with pytest.raises(CheckpointError, match="cannot parse GGUF file .*tiny.gguf: .* \\(truncated, or not a GGUF "
+                                              "file: fetch it again\\)"):
+        load_gguf(path)
