@@ -12,14 +12,12 @@ from specgen.models.llama import MAX_CONTEXT, remap, rope_scaling, unfused
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
+GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
 def gguf_field(reader, key: str, default=None):
     field = reader.fields.get(key)
     return default if field is None else field.contents()
-
-
-GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
 def gguf_rope_scaling(reader, arch: str, context: int, source: str, longrope: dict[str, list | None]) -> dict | None:

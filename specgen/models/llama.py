@@ -124,7 +124,8 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
                 "attention_factor": float(attention), "beta_fast": float(params.get("beta_fast") or 32),
                 "beta_slow": float(params.get("beta_slow") or 1),
                 "truncate": bool(params.get("truncate", True))}, theta
-    if kind == "longrope":  # short factors within the original context, which caps specgen's (hf_config)
+    if kind in ("longrope", "su"):  # short factors within the original context, which caps specgen's (hf_config);
+        # "su": LongRoPE's first name, in Phi-3-128k's config, which transformers reads as longrope
         factor = float(params.get("factor") or context / original)
         attention = params.get("attention_factor")
         if attention is None:  # LongRoPE's sqrt(1 + ln s / ln L), 1 when the context is not extended

@@ -209,7 +209,8 @@ def raw_llama(**over) -> dict:
     (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "short_factor"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4}), "long_factor"),
-    (dict(rope_scaling={"type": "su"}), "rope_type"),
+    (dict(rope_scaling={"type": "su"}), "short_factor"),  # LongRoPE's first name
+    (dict(rope_scaling={"type": "ntk-by-parts"}), "rope_type"),
     (dict(rope_parameters={"full_attention": {"rope_type": "default"}}), "rope_parameters"),
     (dict(rope_scaling={"rope_type": "linear"}), "factor"),
     (dict(architectures=["GemmaForCausalLM"]), "GemmaForCausalLM"),
