@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import glob
-
 from pathlib import Path
 
 from cli import _output

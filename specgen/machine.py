@@ -85,7 +85,8 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     """Model family -> the kernel path its linear products take on `device` (None: cpu) and why; `step_kernels`:
     the norms and attention around them (`specgen/native`)."""
     if not is_cpu(device):
-        gpu = {"path": "cuBLAS (torch) in 64-row GEMM slices (row-invariant), decode steps replayed as CUDA graphs (--graphs auto)",
+        gpu = {"path": "cuBLAS (torch) in 64-row GEMM slices (row-invariant), decode steps replayed as CUDA graphs "
+                       "(--graphs auto)",
                "why": "a GPU: the CPU layouts and native kernels do not apply"}
         steps = ({"path": "attention: each query over its visible slots, one Triton kernel a layer (cuda_ops.py)",
                   "why": "Triton imports here"} if cuda_ops.available() else
