@@ -529,8 +529,9 @@ def scale_rows() -> None:
         if DEVICE != "cuda":
             cfg = dataclasses.replace(cfg, n_layers=1, vocab_size=min(cfg.vocab_size, 512))
         times = {}
-        # label -> (config, chain lengths, what the pass changes): "128-row slices", SlicedLinear with slices of 128 rows (one GEMM for CFG's 2 x 64 nodes, where 64-row slices run two): which keeps c(64)
-        # near 1 without a dearer step decides the products' default
+        # label -> (config, chain lengths, what the pass changes): "128-row slices", SlicedLinear with slices of 128
+        # rows (one GEMM for CFG's 2 x 64 nodes, where 64-row slices run two): whether they keep c(64) near 1 without
+        # a dearer step
         drafter = dataclasses.replace(cfg, n_layers=1)
         passes = {"target": (cfg, (1, 4, 8, 16, 32, 64), None), "drafter": (drafter, (frontier,), None),
                   "128-row slices": (cfg, (1, 64), mock.patch.object(sliced_linear, "SLICE_ROWS", 128))}

@@ -329,8 +329,9 @@ for b, s, t in ((1, 1, 256), (2, 1, 256), (3, 5, 512), (16, 64, 1024)):  # rows,
     cuda_ops.kept_tree(torch.zeros(b, nodes), torch.zeros(b, nodes, dtype=torch.bool), torch.zeros(b, nodes,
                        dtype=torch.long), torch.zeros(b, nodes, dtype=torch.long), ints[3], ints[5], ints[0], 64, s % 7)
 counts = {n: len(k) for n, k in keys.items()}
-assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "plan_rows": 2, "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1,
-                  "setup_rows": 1, "embed_rows": 1, "guided_rows": 1}, (counts, keys)
+assert counts == {"attend_lists": 1, "norm_rows": 2, "rope_rows": 2, "silu_mul_rows": 1, "plan_rows": 2,
+                  "top_children": 2, "beam_rows": 1, "kept_tree_rows": 1, "setup_rows": 1, "embed_rows": 1,
+                  "guided_rows": 1}, (counts, keys)
 keys.clear()  # a commit's moves: caches of any rows (a pool's view of them), any number of moves
 cuda_ops.kernels = lambda: type("K", (), {"commit_rows": Launch(real.commit_rows)})
 for rows, start, n in ((1, 0, 1), (2, 0, 7), (6, 2, 40), (32, 3, 300)):
