@@ -135,8 +135,9 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
 
 
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
-    """An HF Llama / Mistral / Qwen2 / Qwen3 folder with its tokenizer (docs/architectures.md: what loads exactly,
-    what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is capped."""
+    """An HF Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder with its tokenizer (docs/architectures.md: what loads
+    exactly, what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is
+    capped."""
     cfg, state = load_hf_folder(folder)
     declared = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")  # read by the loader
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
