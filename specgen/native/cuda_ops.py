@@ -37,12 +37,6 @@ def available() -> bool:
 
 
 @functools.cache
-def interpreted() -> bool:
-    """Whether Triton runs its CPU interpreter here (`TRITON_INTERPRET=1`, set before Triton is imported)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@functools.cache
 def kernels():
     """The Triton kernels (native/triton_kernels.py), imported on first use: `import specgen` never imports Triton."""
     from specgen.native import triton_kernels  # an optional dependency (Triton), imported where a CUDA forward needs it
