@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.llama import MAX_CONTEXT, remap, rope_scaling, unfused
+from specgen.models.llama import MAX_CONTEXT, capped_context, remap, rope_scaling, unfused
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
@@ -20,16 +20,21 @@ def gguf_field(reader, key: str, default=None):
     return default if field is None else field.contents()
 
 
-def gguf_rope_scaling(reader, arch: str, context: int, source: str, longrope: dict[str, list | None]) -> dict | None:
-    """TransformerConfig.rope_scaling of a GGUF's `{arch}.rope.scaling.*` keys, read as the HF `rope_scaling` keys
+def gguf_rope_scaling(reader, arch: str, context: int, source: str, per_frequency: dict[str, list | None]
+                      ) -> dict | None:
+    """TransformerConfig.rope_scaling of a GGUF's RoPE: Llama 3's from its `rope_freqs.weight` (`per_frequency`'s
+    "freqs": one divisor a frequency, llama.cpp's); the `{arch}.rope.scaling.*` keys read as the HF `rope_scaling` keys
     llama.cpp's converter wrote them from: linear and YaRN, whose llama.cpp defaults are transformers' (beta_fast 32,
     beta_slow 1, attention factor 0.1 ln s + 1, the training context as the original); LongRoPE (Phi-3) from its
-    `longrope` factor tensors (short, long), the attention factor and original context the converter computed. Another
+    factor tensors ("short", "long"), the attention factor and original context the converter computed. Another
     type, or a key of llama.cpp's own (a YaRN attention or extrapolation factor, DeepSeek's log multiplier), is
     refused."""
+    if per_frequency["freqs"] is not None:
+        return {"rope_type": "factors", "factors": per_frequency["freqs"]}
     key = f"{arch}.rope.scaling"
     kind, factor = gguf_field(reader, f"{key}.type", "none"), gguf_field(reader, f"{key}.factor")
     own = [k for k in reader.fields if k.startswith(f"{key}.") and k[len(key) + 1:] not in GGUF_SCALING_KEYS]
+    longrope = {x: per_frequency[x] for x in ("short", "long")}
     if any(f is not None for f in longrope.values()) and kind in ("none", "longrope"):
         if None in longrope.values():
             raise CheckpointError(f"GGUF file {source} holds one of rope_factors_short/long.weight; LongRoPE needs "
@@ -74,18 +79,16 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
                          "which specgen does not implement (docs/architectures.md)")
     context = int(gguf_field(reader, f"{arch}.context_length", 2048))
-    longrope = {x: tensors.pop(f"rope_factors_{x}.weight", None) for x in ("short", "long")}  # Phi-3's LongRoPE
-    longrope = {x: None if t is None else dequantize(t.data, t.tensor_type).reshape(-1).tolist()
-                for x, t in longrope.items()}
-    scaling = gguf_rope_scaling(reader, arch, context, path.name, longrope)
-    if scaling and scaling["rope_type"] == "longrope":  # as an HF folder's (hf_config): the short factors' context
-        context = min(context, scaling["original_max_position_embeddings"])
-    # a sliding window caps the context at the window, as an HF folder's does: below it every key is in the window
-    window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)
+    # one number a frequency: Llama 3's divisors, Phi-3's LongRoPE factors (tensors the model has no place for)
+    per_frequency = {x: tensors.pop(name, None) for x, name in (("freqs", "rope_freqs.weight"),
+                                                                ("short", "rope_factors_short.weight"),
+                                                                ("long", "rope_factors_long.weight"))}
+    per_frequency = {x: None if t is None else dequantize(t.data, t.tensor_type).reshape(-1).tolist()
+                     for x, t in per_frequency.items()}
+    scaling = gguf_rope_scaling(reader, arch, context, path.name, per_frequency)
+    window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)  # caps the context (capped_context)
     if not isinstance(window, int) or window < 1:
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
-    freqs = tensors.pop("rope_freqs.weight", None)  # Llama 3's RoPE scaling as llama.cpp stores it: divisors
-    factors = None if freqs is None else dequantize(freqs.data, freqs.tensor_type).reshape(-1).tolist()
     try:
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
@@ -95,10 +98,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
             norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=min(context, MAX_CONTEXT, window),
+            max_seq_len=capped_context(context, scaling, window),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
-            rope_scaling=scaling if factors is None else {"rope_type": "factors", "factors": factors},
+            rope_scaling=scaling,
         )
     except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None

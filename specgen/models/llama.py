@@ -52,20 +52,25 @@ def hf_config(raw: dict) -> TransformerConfig:
     n_heads = raw["num_attention_heads"]
     context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
     scaling, theta = rope_scaling(raw, context)
-    if scaling and scaling["rope_type"] == "longrope":  # past its original context every position's table changes
-        context = min(context, scaling["original_max_position_embeddings"])
     try:
         return TransformerConfig(
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
             n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
             ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
-            max_seq_len=min(context, MAX_CONTEXT, sliding_window(raw, arch) or context),
+            max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
             qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
+
+
+def capped_context(context: int, scaling: dict | None, window: int | None) -> int:
+    """specgen's context for a checkpoint's own (HF folder or GGUF): at most MAX_CONTEXT, its sliding window (below it
+    sliding attention is full attention) and LongRoPE's original context (past it every position's table changes)."""
+    original = scaling["original_max_position_embeddings"] if scaling and scaling["rope_type"] == "longrope" else None
+    return min(context, MAX_CONTEXT, window or context, original or context)
 
 
 def check_unsupported(raw: dict, arch: str) -> None:
