@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 
 from cli import _output
@@ -14,7 +13,7 @@ from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, g
                                   load_mesh_model, mesh_options)
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
-from specgen.paths import check_output_dir, free_stem, remove_stale_temps, write_linked
+from specgen.paths import check_output_dir, free_stem, write_linked
 from specgen.request import parse_request
 
 COLUMNS = ["name", "method", "num_tokens", "faces", "vertices", "valid", "scr", "step_latency_ms", "wall_s", "file"]
@@ -90,8 +89,6 @@ def write_files(vertices, faces, out_dir: Path, name: str, mesh_format: str, pre
     """(the mesh file's path, the PNG preview's path or None) of one mesh under a free name (earlier files are kept)."""
     with _output.writing("meshes", out_dir):
         out_dir.mkdir(parents=True, exist_ok=True)
-        for suffix in (f".{mesh_format}", ".png"):  # a killed run's, under `name` or a numbered one: this run may
-            remove_stale_temps(out_dir, f".{glob.escape(name)}*{suffix}.*.tmp")  # pick another, whose sweep misses it
         stem = free_stem(out_dir, name, (f".{mesh_format}", ".png"))
         # each file linked to a free name (never replacing one another run wrote meanwhile), as images are
         path = write_linked(out_dir / f"{stem}.{mesh_format}",

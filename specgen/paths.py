@@ -77,7 +77,11 @@ def remove_empty_dirs(folder: Path, base: Path) -> None:
 
 
 def free_stem(folder: Path, stem: str, suffixes: tuple[str, ...]) -> str:
-    """The first of `stem`, `stem-1`, `stem-2`, ... free for every suffix (a mesh and its preview share one name)."""
+    """The first of `stem`, `stem-1`, `stem-2`, ... free for every suffix (a mesh and its preview share one name). A
+    killed writer's temporaries of any of those names go first: the name picked may not be the one it was writing,
+    whose own sweep (`linked_temp`) would then never come."""
+    for suffix in suffixes:
+        remove_stale_temps(folder, f".{glob.escape(stem)}*{glob.escape(suffix)}.*.tmp")
     return next(c for c in (f"{stem}-{n}" if n else stem for n in itertools.count())
                 if not any((folder / f"{c}{s}").exists() for s in suffixes))
 
@@ -103,7 +107,7 @@ def linked_temp(path: Path) -> Path:
     place: random, not the pid, which writers of one pid (containers sharing the folder) would share. A killed earlier
     writer's temporaries of `path` go first (`remove_stale_temps`): the temporary is always named from
     the requested `path`, whatever numbered name it was linked to, so one stays only until that name is written again
-    (a mesh and its preview pick one free stem: their writer sweeps every numbered name's)."""
+    (a mesh and its preview pick one free stem: `free_stem` sweeps every numbered name's)."""
     remove_stale_temps(path.parent, f".{glob.escape(path.name)}.*.tmp")
     return path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
 
