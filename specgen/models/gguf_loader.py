@@ -75,9 +75,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
     n_heads = gguf_field(reader, f"{arch}.attention.head_count")
     dim = gguf_field(reader, f"{arch}.embedding_length")
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", dim // n_heads))
-    if int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count below the head size (partial RoPE), "
-                         "which specgen does not implement (docs/architectures.md)")
+    rotary = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotary != head_dim and arch != "phi3":  # Phi-4-mini's partial RoPE, as transformers' Phi-3 computes it
+        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count={rotary} below the head size "
+                         f"{head_dim} (partial RoPE), which specgen implements for phi3 (docs/architectures.md)")
     context = int(gguf_field(reader, f"{arch}.context_length", 2048))
     # one number a frequency: Llama 3's divisors, Phi-3's LongRoPE factors (tensors the model has no place for)
     per_frequency = {x: tensors.pop(name, None) for x, name in (("freqs", "rope_freqs.weight"),
@@ -101,9 +102,9 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
             max_seq_len=capped_context(context, scaling, window),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
-            rope_scaling=scaling,
+            rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
         )
-    except ValueError as e:  # rope_freqs.weight of another length than the head's frequencies, or not positive
+    except ValueError as e:  # RoPE factors of another length than the rotary frequencies, or not positive; odd dims
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None
     done = iter(range(1, len(tensors) + 1))  # tensors converted so far
 

@@ -1,4 +1,4 @@
-"""A transformers Llama / Qwen2 / Qwen3 causal LM with a specgen Transformer's weights (the `hf` benchmark row)."""
+"""A transformers Llama / Qwen2 / Qwen3 / Phi-3 causal LM with a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import torch
 
-from specgen.models.llama import layer_map
-from specgen.models.rope import scaled_inv_freq
+from specgen.models.llama import FUSED, layer_map
+from specgen.models.rope import per_head, scaled_inv_freq, spread_order
 from specgen.models.transformer import Transformer
 
 
@@ -27,18 +27,30 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
             qk = re.search(r"self_attn\.([qk])_(proj|norm)\.", name)
             if qk and cfg.rope_layout == "interleaved":  # q/k rows and their norm weights follow the rotary pairs
                 t = interleaved_to_half(t, heads[qk[1]] if qk[2] == "proj" else 1)
+            if qk and cfg.rope_dim:  # partial RoPE: transformers' order of a head's dims
+                t = per_head(t, spread_order(cfg.hd, cfg.rope_dim).argsort())
             out[name] = t
     if cfg.qk_norm and cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
         out |= {f"model.layers.{i}.self_attn.o_proj.bias": sd["norm.weight"].new_zeros(cfg.dim)
                 for i in range(cfg.n_layers)}
-    return out
+    return fused(out, "Phi3ForCausalLM") if cfg.rope_dim else out
+
+
+def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
+    """Llama-named tensors as `arch`'s fused ones (`llama.FUSED`, whose parts are in order along dim 0)."""
+    out, parts = dict(state), {}
+    for name in state:
+        for ours, (whole, part) in FUSED[arch].items():
+            if name.endswith(ours):
+                parts.setdefault(name.removesuffix(ours) + whole, {})[part] = out.pop(name)
+    return out | {whole: torch.cat([p[i] for i in sorted(p)]) for whole, p in parts.items()}
 
 
 def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
     # optional dependency: only an export needs transformers
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
     cfg = model.cfg
     if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
@@ -50,7 +62,11 @@ def to_hf(model: Transformer):
     factors = cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "factors"  # no type of transformers'
     if cfg.rope_scaling and not factors:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
         common["rope_scaling"] = dict(cfg.rope_scaling)
-    if cfg.qk_norm:
+    if cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
+        original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
+        hf = Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
+                                        original_max_position_embeddings=original))
+    elif cfg.qk_norm:
         hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
     elif cfg.qkv_bias:
         hf = Qwen2ForCausalLM(Qwen2Config(**common))
@@ -60,7 +76,7 @@ def to_hf(model: Transformer):
     if cfg.tie_embeddings:
         hf.tie_weights()
     if factors:  # a GGUF's frequency divisors: the default RoPE with specgen's frequencies in its buffers
-        freq, _ = scaled_inv_freq(cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+        freq, _ = scaled_inv_freq(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling)
         with torch.no_grad():
             hf.model.rotary_emb.inv_freq.copy_(freq)
             hf.model.rotary_emb.original_inv_freq.copy_(freq)

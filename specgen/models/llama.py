@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 
 from specgen.errors import CheckpointError, UsageError
+from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import TransformerConfig
 
 MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
@@ -52,15 +53,17 @@ def hf_config(raw: dict) -> TransformerConfig:
     n_heads = raw["num_attention_heads"]
     context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
     scaling, theta = rope_scaling(raw, context)
+    head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     try:
         return TransformerConfig(
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
             n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-            ffn_dim=raw["intermediate_size"], head_dim=raw.get("head_dim") or defaults.get("head_dim", 0),
+            ffn_dim=raw["intermediate_size"], head_dim=head_dim,
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
             qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads),
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
@@ -85,8 +88,6 @@ def check_unsupported(raw: dict, arch: str) -> None:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
                      "import the float checkpoint (specgen quantizes it itself)")
-    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise refuse("partial_rotary_factor", raw["partial_rotary_factor"], "partial RoPE is not implemented")
 
 
 def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
@@ -98,9 +99,6 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
         raise refuse(key, params, "per-layer RoPE parameters are not implemented")
     theta = float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise refuse(f"{key}.partial_rotary_factor", params["partial_rotary_factor"],
-                     "partial RoPE is not implemented")
 
     def need(name: str):
         if params.get(name) is None:
@@ -140,6 +138,34 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
                 "original_max_position_embeddings": original}, theta
     raise refuse(f"{key}.rope_type", kind, "this RoPE type is not implemented (supported: default, linear, dynamic, "
                  "llama3, yarn, longrope)")
+
+
+def rope_dim(raw: dict, arch: str, head_dim: int) -> int:
+    """TransformerConfig.rope_dim: the dims partial RoPE rotates (`partial_rotary_factor` of a head, Phi-4-mini's
+    0.75), 0 for whole heads; read where transformers reads it, the RoPE dict before the top level."""
+    params = raw.get("rope_scaling") or raw.get("rope_parameters")
+    factor = (params if isinstance(params, dict) else {}).get("partial_rotary_factor",
+                                                             raw.get("partial_rotary_factor", 1.0))
+    if factor == 1:
+        return 0
+    if not isinstance(factor, (int, float)):
+        raise refuse("partial_rotary_factor", factor, "not a number")
+    if arch != "Phi3ForCausalLM":  # transformers' Llama, Mistral, Qwen rotate whole heads whatever the key says
+        raise refuse("partial_rotary_factor", factor, f"partial RoPE is implemented for Phi3ForCausalLM, not {arch}")
+    dims = int(head_dim * factor)  # transformers' rounding
+    if not 0 < dims <= head_dim or dims % 2:
+        raise refuse("partial_rotary_factor", factor, f"{dims} of a head's {head_dim} dims is not an even number of "
+                     "them")
+    return dims
+
+
+def spread_rotary(cfg: TransformerConfig, ours: str, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Partial RoPE: a parameter's q and k rows (projections, biases, per-head norms) in `rope.spread_order`, so the
+    kernels' whole-head rotation rotates transformers' rotary dims and leaves the others."""
+    order = spread_order(cfg.hd, cfg.rope_dim)
+    if ".wqkv." in ours:  # q, k, v: v is not rotated
+        return [per_head(parts[0], order), per_head(parts[1], order), parts[2]]
+    return [per_head(parts[0], order)] if ours.endswith(("q_norm.weight", "k_norm.weight")) else parts
 
 
 def sliding_window(raw: dict, arch: str) -> int | None:
@@ -221,6 +247,7 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
         parts = [get(t) for t in theirs]
         if missing := [t for t, p in zip(theirs, parts) if p is None]:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
+        parts = spread_rotary(cfg, ours, parts) if cfg.rope_dim else parts
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state
 

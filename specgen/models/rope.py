@@ -59,11 +59,28 @@ def scaled_inv_freq(dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor
     return (1.0 / (factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep, scaling["attention_factor"]
 
 
-def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    """Standard Llama table [max_pos, head_dim/2, 2]; `scaling` (see `scaled_inv_freq`) extends its context."""
-    freq, factor = scaled_inv_freq(head_dim, theta, scaling) if scaling else (inv_freq(head_dim, theta), 1.0)
+def table_1d(max_pos: int, head_dim: int, theta: float, scaling: dict | None = None, rotary_dim: int = 0
+             ) -> torch.Tensor:
+    """Standard Llama table [max_pos, head_dim/2, 2]; `scaling` (see `scaled_inv_freq`) extends its context. Partial
+    RoPE (`rotary_dim` < head_dim): the first rotary_dim/2 pairs rotate at rotary_dim's frequencies, as transformers'
+    Phi-3 computes them; the others are (1, 0), which leaves a pair's two dims as they are, bit for bit."""
+    rotary_dim = rotary_dim or head_dim
+    freq, factor = scaled_inv_freq(rotary_dim, theta, scaling) if scaling else (inv_freq(rotary_dim, theta), 1.0)
     angles = torch.outer(torch.arange(max_pos).float(), freq)
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).float() * factor  # x * 1.0 is x, bit for bit
+    table = torch.stack([angles.cos(), angles.sin()], dim=-1).float() * factor  # x * 1.0 is x, bit for bit
+    still = torch.tensor([1.0, 0.0]).expand(max_pos, (head_dim - rotary_dim) // 2, 2)  # x * 1 + y * 0 is x
+    return torch.cat([table, still], dim=1)
+
+
+def spread_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Partial RoPE as whole-head RoPE: the order [head_dim] of a head's q/k dims that puts transformers' rotary
+    pairs (i, i + rotary_dim/2) at the kernels' (i, i + head_dim/2) and the unrotated dims in the pairs `table_1d`
+    leaves still. Attention sums q . k over a head's dims, so ordering q's and k's alike changes no score; loaders
+    store q/k rows (and their norms) in this order, the `hf` export undoes it."""
+    half, rest = rotary_dim // 2, (head_dim - rotary_dim) // 2
+    dims = torch.arange(head_dim)
+    first, second = dims[:half], dims[half:rotary_dim]
+    return torch.cat([first, dims[rotary_dim:rotary_dim + rest], second, dims[rotary_dim + rest:]])
 
 
 def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tensor:
@@ -75,6 +92,11 @@ def table_2d(grid: int, head_dim: int, theta: float, n_cond: int) -> torch.Tenso
     angles = torch.cat([rows, cols], dim=-1).reshape(grid * grid, half)  # [grid², head_dim/2]
     table = torch.stack([angles.cos(), angles.sin()], dim=-1).float()
     return torch.cat([torch.zeros(n_cond, half, 2), table], dim=0)
+
+
+def per_head(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows [heads * D, ...] (a projection's, its bias, a per-head norm's [D]) with each head's D rows in `order`."""
+    return rows.unflatten(0, (-1, len(order)))[:, order].flatten(0, 1)
 
 
 @dataclass(frozen=True)

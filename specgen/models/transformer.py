@@ -40,6 +40,7 @@ class TransformerConfig:
     caption_dim: int = 0  # > 0: LlamaGen t2i caption embedding (n_cond caption features of this width)
     rope_scaling: dict | None = None  # 1D context extension, as HF's rope_parameters (models/rope.scaled_inv_freq)
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (weights [hd]) before RoPE
+    rope_dim: int = 0  # > 0: partial RoPE (Phi-4-mini), only this many of a head's dims rotate (rope.spread_order)
 
     def __post_init__(self) -> None:
         if self.num_classes and self.caption_dim:
@@ -48,16 +49,25 @@ class TransformerConfig:
             raise ValueError("a text-conditional model needs n_cond >= 1 caption slots")
         if self.rope_scaling and (self.rope_grid or self.rope_scaling.get("rope_type") not in SCALINGS):
             raise ValueError(f"rope_scaling {self.rope_scaling} is not a 1D scaling of {', '.join(SCALINGS)}")
+        if self.rope_dim and not (0 < self.rope_dim <= self.hd and self.rope_dim % 2 == 0
+                                  and self.rope_layout == "half" and not self.rope_grid):
+            raise ValueError(f"partial RoPE over {self.rope_dim} of {self.hd} dims: needs an even number of them, "
+                             "1D RoPE and the half layout")
         for key in PER_FREQUENCY.get((self.rope_scaling or {}).get("rope_type"), ()):
             factors = self.rope_scaling.get(key)
-            if not isinstance(factors, list) or len(factors) != self.hd // 2 or not all(
+            if not isinstance(factors, list) or len(factors) != self.rotary_dim // 2 or not all(
                     isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
-                raise ValueError(f"RoPE {key} must be a list of {self.hd // 2} positive finite numbers (one a "
-                                 f"frequency of head size {self.hd}): {str(factors)[:80]}")
+                raise ValueError(f"RoPE {key} must be a list of {self.rotary_dim // 2} positive finite numbers (one a "
+                                 f"frequency of {self.rotary_dim} rotary dims): {str(factors)[:80]}")
 
     @property
     def hd(self) -> int:
         return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of a head's dims RoPE rotates (all but in partial RoPE)."""
+        return self.rope_dim or self.hd
 
     @property
     def cond_kind(self) -> str:
@@ -279,7 +289,7 @@ def rope_table(cfg: TransformerConfig) -> torch.Tensor:
         if cfg.rope_grid:
             pairs = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
         else:
-            pairs = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+            pairs = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
         return layout_table(pairs, cfg.rope_layout)
 
 

@@ -15,6 +15,7 @@ from specgen.errors import CheckpointError, UsageError
 from specgen.models.gguf_loader import load_gguf
 from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
+from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
 from tests.models.test_hf_configs import LLAMA3, assert_same, hf_model, logits, tokens
 
@@ -40,17 +41,17 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
     attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `keys`: more metadata, by the
     writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...)."""
     w = GGUFWriter(str(path), arch)
-    for key, value in dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
-                           feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
-                           layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
-                           value_length=cfg.hd).items():
-        getattr(w, f"add_{key}")(value)
-    for key, value in keys.items():
+    for key, value in {**dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
+                              feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
+                              layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
+                              value_length=cfg.hd, rope_dimension_count=cfg.rotary_dim), **keys}.items():
         getattr(w, f"add_{key}")(value)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     tensors = {}  # GGUF name -> tensor
     for ours, theirs in layer_map(cfg, "gguf").items():
         tensors |= dict(zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)))
+    for name in [n for n in tensors if n.endswith(("attn_q.weight", "attn_k.weight")) and cfg.rope_dim]:
+        tensors[name] = per_head(tensors[name], spread_order(cfg.hd, cfg.rope_dim).argsort())  # HF's order
     if arch == "phi3":
         for i in range(cfg.n_layers):
             b = f"blk.{i}."
@@ -93,24 +94,28 @@ def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
     assert not torch.allclose(logits(models["plain"], x), logits(theirs, x), atol=1e-2)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "phi3", "phi4"])
 def test_a_qwen_or_phi3_gguf_decodes_as_transformers_model(arch, tmp_path):
     """Qwen2 (q/k/v biases), Qwen3 (per-head q and k norms, a head size that is not hidden / heads) and Phi-3 GGUFs
-    (fused attn_qkv and ffn_up: gate, then up) give the logits transformers' model of the same weights gives (Qwen3
-    and Phi-3 were refused as unsupported architectures before)."""
+    (fused attn_qkv and ffn_up: gate, then up; Phi-4-mini's with partial RoPE, rope.dimension_count below the head
+    size) give the logits transformers' model of the same weights gives (Qwen3 and Phi-3 were refused as unsupported
+    architectures before, partial RoPE after them)."""
     hf_arch, over = {"qwen2": ("Qwen2ForCausalLM", {}), "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16)),
-                     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0))}[arch]
+                     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0)),
+                     "phi4": ("Phi3ForCausalLM", dict(pad_token_id=0, hidden_size=64, partial_rotary_factor=0.75)),
+                     }[arch]
     theirs = hf_model(hf_arch, tie_word_embeddings=False, **over)
     theirs.save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
-    write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch)
+    write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch.replace("phi4", "phi3"))
     seen = []  # the progress callback: each stored tensor converted once, a fused one too
     got_cfg, got_state = load_gguf(tmp_path / "q.gguf", lambda i, n: seen.append((i, n)))
     assert seen == [(i, seen[0][1]) for i in range(1, seen[0][1] + 1)]
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
-    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd) == {"qwen2": (False, True, 8), "qwen3": (True, False, 16),
-                                                               "phi3": (False, False, 8)}[arch]
+    assert (got_cfg.qk_norm, got_cfg.qkv_bias, got_cfg.hd, got_cfg.rotary_dim) == {
+        "qwen2": (False, True, 8, 8), "qwen3": (True, False, 16, 16), "phi3": (False, False, 8, 8),
+        "phi4": (False, False, 16, 12)}[arch]
     assert_same(ours, theirs, tokens(40))
 
 
@@ -135,14 +140,25 @@ def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, co
 
 @pytest.mark.parametrize("factors", [[1.0, 2.0], [1.0, 0.0, 8.0, 8.0], [1.0, float("nan"), 8.0, 8.0]])
 def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_path):
-
-
+    """rope_freqs.weight holds one positive divisor a frequency; any other is one line naming what it must be."""
     theirs = hf_model("LlamaForCausalLM")
     theirs.save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
     write_gguf(tmp_path / "bad.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
     with pytest.raises(CheckpointError, match="bad.gguf: RoPE factors must be a list of 4 positive finite numbers"):
         load_gguf(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("arch,rotary,error", [("qwen2", 4, UsageError), ("phi3", 3, CheckpointError)])
+def test_partial_rope_other_than_phi3s_even_dims_is_refused(arch, rotary, error, tmp_path):
+    """Partial RoPE loads for phi3, the one architecture transformers computes it for (Phi-4-mini); elsewhere, or over
+    an odd number of dims, one line names it."""
+    theirs = hf_model("Phi3ForCausalLM" if arch == "phi3" else "Qwen2ForCausalLM", pad_token_id=0)
+    theirs.save_pretrained(tmp_path / "hf")
+    cfg, state = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "p.gguf", cfg, state, arch=arch, rope_dimension_count=rotary)
+    with pytest.raises(error, match="dimension_count=4 below the head size 8" if rotary == 4 else "3 of 8 dims"):
+        load_gguf(tmp_path / "p.gguf")
 
 
 @pytest.mark.parametrize("kind", ["linear", "yarn"])

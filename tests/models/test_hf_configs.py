@@ -82,6 +82,8 @@ CASES = {  # name -> (architecture, config overrides, sequence length)
     "qwen3-llama3-rope": ("Qwen3ForCausalLM", dict(head_dim=8, rope_scaling=LLAMA3), 96),
     "mistral": ("MistralForCausalLM", dict(sliding_window=None), 64),
     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0), 64),  # fused q/k/v and gate/up products, GQA (SHAPE's)
+    # Phi-4-mini's partial RoPE: 12 of a head's 16 dims rotate
+    "phi4-partial-rope": ("Phi3ForCausalLM", dict(pad_token_id=0, hidden_size=64, partial_rotary_factor=0.75), 64),
 }
 
 
@@ -94,10 +96,11 @@ def test_logits_equal_transformers(case, tmp_path):
     assert ours.cfg.max_seq_len == 256
     assert_same(ours, theirs, tokens(n))
     assert_same(to_hf(ours), theirs, tokens(n))  # the `hf` benchmark row's export carries the same math
-    if "rope_scaling" in over:  # the scaling matters at this length: unscaled RoPE is visibly wrong
-        plain = Transformer(type(ours.cfg)(**{**ours.cfg.to_dict(), "rope_scaling": None}))
-        plain.load_state_dict(ours.state_dict())
-        assert (logits(plain.eval(), tokens(n)) - logits(theirs, tokens(n))).abs().max() > 1e-2
+    for key, plain in (("rope_scaling", None), ("partial_rotary_factor", 0)):  # controls: without the scaling
+        if key in over:  # (it matters at this length), or rotating whole heads, is visibly wrong
+            wrong = Transformer(dataclasses.replace(ours.cfg, **{"rope_dim" if plain == 0 else key: plain}))
+            wrong.load_state_dict(ours.state_dict())
+            assert (logits(wrong.eval(), tokens(n)) - logits(theirs, tokens(n))).abs().max() > 1e-2
 
 
 def test_legacy_rope_scaling_key_reads_the_same(tmp_path):
@@ -140,12 +143,15 @@ def test_sliding_window_caps_the_context(arch, over, tmp_path):
         logits(ours, tokens(25))
 
 
-def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(tmp_path):
+@pytest.mark.parametrize("partial", [{}, dict(hidden_size=64, partial_rotary_factor=0.5)])  # Phi-4-mini's kind
+def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(partial, tmp_path):
     """Phi-3.5-mini and Phi-3-128k (LongRoPE) were refused: transformers uses their short factors (and LongRoPE's
     attention factor) while a sequence is within original_max_position_embeddings, and switches every position to the
-    long factors past it. So they load with the short factors and that context (the entry records its own)."""
+    long factors past it. So they load with the short factors and that context (the entry records its own). With
+    partial RoPE (Phi-4-mini) the factors are the rotary dims' and the attention factor scales only them."""
     longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
-    theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32)
+    theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32,
+                      **partial)
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
     assert ours.cfg.max_seq_len == 32 and ours.cfg.rope_scaling["attention_factor"] == math.sqrt(1 + math.log(8) /
@@ -205,7 +211,8 @@ def raw_llama(**over) -> dict:
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(mlp_bias=True), "mlp_bias"),
-    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),  # transformers' Llama rotates whole heads
+    (dict(architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.4), "partial_rotary_factor"),  # 3 of 8 dims
     (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "short_factor"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 4}), "long_factor"),
