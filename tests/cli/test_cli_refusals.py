@@ -389,6 +389,20 @@ def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
 
 
+def test_a_runs_unregistered_row_model_names_the_command_its_recipe_makes_it_with(tiny):
+    # the dry run quoted the recipe header's command; the run said only "(a recipe's header says how; ...)"
+    maker = "specgen registry merge tiny-text --scale 1 --name tiny-s1"
+    (tiny / "cwd" / "bench.yaml").write_text(
+        f"# the row ngram@x decodes the model merged at scale 1; register it first:\n#   {maker}\n"
+        "suite: humaneval\nmodel: tiny-text\nmethods: [ar, ngram@x]\ntargets: {ngram@x: tiny-s1}\nlimit: 1\n")
+    dry = invoke("benchmark", "--config", "bench.yaml", "--dry-run", "--format", "json")
+    entry = next(r for r in json.loads(dry.stdout) if r["check"] == "entry ngram@x target")
+    assert not entry["ok"] and entry["detail"].endswith(f"the recipe's header: {maker}"), entry
+    check_refusal(tiny, ["benchmark", "--config", "bench.yaml"], 2,
+                  f"tiny-s1, the model of row ngram@x, is not in the registry: register it first (the recipe's "
+                  f"header: {maker})")
+
+
 def test_a_recipes_string_for_a_list_names_the_key_and_the_form(tiny):
     (tiny / "cwd" / "classes.yaml").write_text("classes: coffee\n")
     check_refusal(tiny, [*IMG, "--config", "classes.yaml"], 2,
