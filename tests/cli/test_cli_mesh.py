@@ -280,6 +280,24 @@ def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
     assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
 
 
+def test_a_tied_mesh_backbones_safetensors_import(tiny, tmp_path):
+    # a tied head is stored once in safetensors (a registry entry's model.safetensors, safetensors' save_model): the
+    # import said "does not fit builder mesh_gpt: missing key decoder.output.weight" (only `output.weight` was known)
+    from safetensors.torch import save_model
+
+    from tests.mesh.mesh_fixtures import tiny_mesh_model
+
+    model = tiny_mesh_model()
+    assert model.decoder.output.weight is model.decoder.tok_embeddings.weight
+    save_model(model, str(tmp_path / "w.safetensors"))
+    (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
+    r = invoke("registry", "import", tmp_path / "w.safetensors", "--name", "my-mesh", "--builder", "mesh_gpt",
+               "--kwargs", tmp_path / "kw.json")
+    assert r.exit_code == 0, r.output
+    r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
+
+
 def test_benchmark_meshes_json(tiny):
     r = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "1", "--format", "json",
                "max_new_tokens=12", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "deltas=[0.9]",
