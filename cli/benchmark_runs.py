@@ -19,8 +19,8 @@ from specgen.errors import UsageError
 from specgen.eval.dry_run import check_recipe, picked_rows, recipe_advice, row
 from specgen.eval.graph_use import timed_note
 from specgen.eval import image_bench, mesh_bench, text_bench
-from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
-                                      write_outputs)
+from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_out_dir, checked_rows, image_rows_of,
+                                      measure_images, write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
@@ -129,6 +129,7 @@ class ImageSuite:
         return list(image_bench.grids(cfg).values())
 
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        check_classifier(cfg)
         im = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=cfg.dtype, graphs=cfg.graphs,
                               need_drafter=any(m != "ar" for m in cfg.methods))
         measure_images(im, cfg, sink, shard, on_item, machine)

@@ -372,6 +372,9 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
      "--suite images contradicts suite: meshes"),
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
+    # was a run without classifier metrics (a note in the JSON rows only) where its dry run failed the entry
+    (["benchmark", "--suite", "images", "--limit", "1", "--methods", "ar", "classifier=nosuch"],
+     "classifier=nosuch: unknown checkpoint 'nosuch'"),
     (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
      "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
     # a recipe of another command named one key ("Key 'suite' not in 'TextGenConfig'"), not the command to run it with
