@@ -196,6 +196,16 @@ def test_export_shortens_a_long_name(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["é" * 100 + ".obj", "é" * 100 + ".png"]
 
 
+def test_export_of_a_name_given_twice_numbers_the_file_as_every_writer_does(tmp_path):
+    """Two sequences of one name (two generate outputs joined) were renamed `good_` (row and file), where every other
+    writer keeps the name and numbers the new file (`good-1`, as the help and docs/cli.md say)."""
+    r = invoke("export-mesh", "-", "-o", tmp_path, "--format", "json", input=good_line() + "\n" + good_line() + "\n")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["name"] for x in rows] == ["good", "good"]
+    assert [x["file"] for x in rows] == [str(tmp_path / "good.obj"), str(tmp_path / "good-1.obj")]
+
+
 def test_unreadable_inputs_name_their_file(tmp_path):
     """A corrupt PLY, an empty batch and a mesh without area are refused as input errors naming the file (they were
     a bare ValueError/KeyError, exit 1, an empty run with exit 0, and a message without the file)."""
