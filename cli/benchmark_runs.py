@@ -16,15 +16,15 @@ from cli._options import Format
 from specgen import devices
 from specgen.config import load_config, read_recipe
 from specgen.errors import UsageError
-from specgen.eval.dry_run import check_recipe, picked_rows, row
+from specgen.eval.dry_run import check_recipe, picked_rows, recipe_advice, row
 from specgen.eval.graph_use import timed_note
 from specgen.eval import image_bench, mesh_bench, text_bench
-from specgen.eval.image_bench import (ImageBenchConfig, check_out_dir, checked_rows, image_rows_of, measure_images,
-                                      write_outputs)
+from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_out_dir, checked_rows, image_rows_of,
+                                      measure_images, write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
-from specgen.eval.text_bench import (TextBenchConfig, check_prompts_fit, check_row_models, measure, plan, resolved_of,
-                                     rows_of, skipped_rows)
+from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
+                                     measure, plan, resolved_of, rows_of, skipped_rows)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -129,6 +129,7 @@ class ImageSuite:
         return list(image_bench.grids(cfg).values())
 
     def measure(self, cfg, sink, shard: Shard, on_item, machine, quiet: bool) -> None:
+        check_classifier(cfg)
         im = load_image_model(cfg.model, cfg.drafter, cfg.device, dtype=cfg.dtype, graphs=cfg.graphs,
                               need_drafter=any(m != "ar" for m in cfg.methods))
         measure_images(im, cfg, sink, shard, on_item, machine)
@@ -216,9 +217,11 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
             with _output.progress(f"benchmark {cfg.suite}", steps, quiet or fmt == Format.json) as advance:
                 # the machine label (it changes what a verify costs) is read once the run has set its threads
                 suite.measure(p, sink, this, advance, lambda: label(machine_facts(cfg.device), cfg.device), quiet)
-        except BaseException:  # a refusal as the models load (a prompt past the context, no such model): no folder
+        except BaseException as e:  # a refusal as models load (a prompt past the context, no such model): no folder
             if this.count == 1:
                 sink.discard()
+            if isinstance(e, UnregisteredRowModel) and path is not None:  # how the recipe's header makes it
+                raise e.advised(recipe_advice(e.name, path)) from None
             raise
     rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
     if rows is not None:

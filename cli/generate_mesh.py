@@ -105,11 +105,8 @@ def check_any_valid(rows: list[dict], what: str, outcome: str) -> None:
 
 def export_sequences(seqs: list[tuple[str, list[int]]], out_dir: Path, mesh_format: str, preview: bool) -> list[dict]:
     """`specgen export-mesh`: decode and write each (name, tokens) sequence; one row each."""
-    rows, used = [], set()
-    for name, tokens in seqs:
-        while name in used:
-            name += "_"
-        used.add(name)
+    rows = []
+    for name, tokens in seqs:  # a name given twice: its second file is numbered (`write_files`), as any other's
         v, f, err, deg, dup = decode_tokens(tokens)
         r = {"name": name, "num_tokens": len(tokens), "valid": not err, "error": err, "faces": 0, "vertices": 0,
              "degenerate_removed": deg, "duplicate_removed": dup, "file": "-", "preview": None}

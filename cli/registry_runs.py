@@ -21,9 +21,11 @@ def listing(kind: str | None) -> tuple[Path, list[dict]]:
 
 
 def status(e: Entry) -> str:
-    """ok, or why an entry is corrupt or not the shipped built-in, and how to repair it."""
+    """ok, or why an entry is corrupt, not the shipped built-in or a built-in this build cannot make, and what to do."""
     if not e.corrupt and e.installed and e.builtin and checkpoints.stale_builtin(e, builtins.BUILTINS[e.name]):
         return f"not the shipped weights; `specgen registry remove {e.ref}` restores them"
+    if not e.installed and e.builtin and (why := builtins.BUILTINS[e.name].unavailable()):
+        return f"cannot be made here: {why}"
     if not e.corrupt:
         return "ok"
     fix = "re-created on next use" if e.builtin else f"remove with `specgen registry remove {e.ref}` and import again"

@@ -113,7 +113,9 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     except RuntimeError as e:  # a shape mismatch (wrong config for these weights)
         detail = " ".join(str(e).split())
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {detail[:300]}") from None
-    missing = [k for k in missing if k != "output.weight" or not kwargs.get("tie_embeddings", True)]
+    tied = registry.untie(module.state_dict())[1]  # a tied head is stored once, under either of its names
+    loaded = {tied.get(k, k) for k in state}
+    missing = [k for k in missing if tied.get(k, k) not in loaded]
     if missing or unexpected:
         bad = (missing or unexpected)[0]
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")

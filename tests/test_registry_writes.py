@@ -190,6 +190,20 @@ def test_corrupt_entries_are_listed_with_a_repair(specgen_home):
     assert r.exit_code == 0 and not broken.exists()
 
 
+def test_a_builtin_this_build_cannot_make_is_listed_with_why(specgen_home):
+    # the CLLM adapter is not shipped: `registry list` said "ok", then every use of the entry refused
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from specgen.builtins import BUILTINS
+
+    why = BUILTINS["smollm2-135m-cllm"].unavailable()
+    assert why  # (this build does not ship it)
+    rows = {x["ref"]: x for x in json.loads(CliRunner().invoke(app, ["registry", "list", "--format", "json"]).stdout)}
+    assert rows["target/smollm2-135m-cllm"]["status"] == f"cannot be made here: {why}"
+    assert rows["classifier/tiny-image-classifier"]["status"] == "ok"  # shipped, made on first use
+
+
 def test_a_damaged_builtin_is_recreated_from_the_package(specgen_home):
     entry = checkpoints.find("tiny-image-vq")
     want = registry.read_state(entry)

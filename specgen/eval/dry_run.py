@@ -148,11 +148,7 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
         except (SpecgenError, TypeError, ValueError) as e:  # the rows' entries cannot be told: nothing more to check
             return rows + [row("rows", False, str(e).splitlines()[0])]
         rows += method_rows
-    # registry name -> the `specgen registry import ...` command the recipe's header gives for it (the first wins),
-    # in header order (the order of the rows of its other prerequisites below)
-    hints: dict[str, str] = {}
-    for m in IMPORT_RE.finditer(comments):
-        hints.setdefault(m.group("name"), " ".join(m.group(0).split()))
+    hints = import_hints(comments)  # in header order: the order of the rows of its other prerequisites below
     vq_of = KINDS[kind].vq_of  # an installed image target records the VQ entry it was imported with (its `--vq`)
     vq = str(((vq_of and registry.installed_meta(getattr(cfg, vq_of))) or {}).get("vq") or "")
     roles: dict[str, str] = {}  # registry name -> the role it is first read in (empty names left out)
@@ -348,15 +344,37 @@ def check_entry(role: str, name: str, hints: dict[str, str], comments: str = "",
         why = BUILTINS[bare].unavailable()
         return row(check, not why, f"{base}: built-in, but {why}" if why else
                    f"{base}: built-in, materialised on first use{suffix}")
+    return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); "
+                             f"{advice(base, hints, comments, recipe)}")
+
+
+def import_hints(comments: str) -> dict[str, str]:
+    """Registry name -> the `specgen registry import ...` command a recipe's header gives for it (the first wins)."""
+    hints: dict[str, str] = {}
+    for m in IMPORT_RE.finditer(comments):
+        hints.setdefault(m.group("name"), " ".join(m.group(0).split()))
+    return hints
+
+
+def advice(base: str, hints: dict[str, str], comments: str, recipe: Path | None) -> str:
+    """How to register the missing entry `base`, from the header `comments` of `recipe`: the import command it
+    gives, the command of the recipe that makes it, the line naming it, else the generic ways."""
+    bare = base.rpartition("/")[2]
     how = hints.get(bare) or hints.get(base)
     said = next((line.strip() for line in comments.split("\n")
                  if re.search(rf"(^|[\s/(`]){re.escape(bare)}($|[\s)`,.;:])", line)), "")
     made = made_by(said, recipe)
-    advice = (f"import it: `{how}`" if how else f"make it: `{made}`" if made else
-              f"the recipe's header: {said}" if said else
-              f"import it (`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that "
-              "registers it (see the recipe's header)")
-    return row(check, False, f"{base}: not in the registry ({registry.checkpoints_dir()}); {advice}")
+    return (f"import it: `{how}`" if how else f"make it: `{made}`" if made else
+            f"the recipe's header: {said}" if said else
+            f"import it (`specgen registry import FILE --name {bare} ...`, docs/registry.md) or run the step that "
+            "registers it (see the recipe's header)")
+
+
+def recipe_advice(name: str, recipe: Path) -> str:
+    """`advice` on registering the entry `name` (`NAME+int8`: NAME's) from the header of `recipe`: a run's refusal
+    says it as its dry run's row does."""
+    comments = header(recipe)
+    return advice(split_name(name)[0], import_hints(comments), comments, recipe)
 
 
 def check_weights(entry: registry.Entry) -> tuple[bool, str]:

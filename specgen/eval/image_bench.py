@@ -11,7 +11,7 @@ import torch
 
 from specgen import checkpoints
 from specgen.decoding.cost import cost_of
-from specgen.errors import UsageError
+from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import image_rows, method_of, png_of
@@ -137,6 +137,16 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     out = target.forward(seq, torch.arange(p, p + len(tokens) - 1, device=device).unsqueeze(0), cache, None)
     logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]
     return float(-logits.log_softmax(-1).gather(1, torch.tensor(tokens, device=device)[:, None]).mean())
+
+
+def check_classifier(cfg: ImageBenchConfig) -> None:
+    """A `classifier` no entry has (a typo) is refused before any model loads, as its dry run's entry row fails; one
+    that cannot load is the run's note (`classifier_state`), and `classifier=` none."""
+    if cfg.quality and cfg.classifier:
+        try:
+            checkpoints.find(cfg.classifier)
+        except UnknownNameError as e:
+            raise UsageError(f"classifier={cfg.classifier}: {e} (classifier= or quality=false for none)") from None
 
 
 def classifier_state(im: ImageModel, cfg: ImageBenchConfig, conditions) -> tuple[object, dict]:

@@ -242,9 +242,21 @@ def check_row_models(p: Plan, progress=None) -> None:
             checkpoints.find(split_name(name)[0], progress)
         except UnknownNameError as e:
             rows = ", ".join(m for m in p.cfg.methods if p.meta[m]["model"] == name) or f"ar@{name}"
-            raise UsageError(f"{name}, the model of row {rows}, is not in the registry: register it first (a "
-                             f"recipe's header says how; --dry-run checks every entry) or give the row another "
-                             f"with targets.ROW=NAME ({e})") from None
+            raise UnregisteredRowModel(name, rows, str(e)) from None
+
+
+class UnregisteredRowModel(UsageError):
+    """A row's model that is no registry entry, naming the rows and the way on; `advised` says how a recipe's header
+    makes it (the run knows its recipe, this module does not)."""
+
+    def __init__(self, name: str, rows: str, why: str,
+                 advice: str = "a recipe's header says how; --dry-run checks every entry") -> None:
+        self.name, self.rows, self.why = name, rows, why
+        super().__init__(f"{name}, the model of row {rows}, is not in the registry: register it first ({advice}) or "
+                         f"give the row another with targets.ROW=NAME ({why})")
+
+    def advised(self, advice: str) -> UnregisteredRowModel:
+        return UnregisteredRowModel(self.name, self.rows, self.why, advice)
 
 
 @dataclass(frozen=True)

@@ -106,8 +106,12 @@ def get_method(name: str, known: list[str] | None = None) -> MethodSpec:
 
 
 def model_for(spec: MethodSpec, model: str, default: str) -> str:
-    """The model a method decodes: its distilled target when the user kept the default base model."""
-    return spec.target if spec.target != "base" and model == default else model
+    """The model a method decodes: its distilled target when the user kept the default base model, however spelled
+    (`target/NAME`; `NAME+int8`: the target at that precision)."""
+    base = model.split("+")[0]
+    if spec.target == "base" or base not in (default, f"target/{default}"):
+        return model
+    return spec.target + model[len(base):]
 
 
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,

@@ -196,6 +196,16 @@ def test_export_shortens_a_long_name(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["é" * 100 + ".obj", "é" * 100 + ".png"]
 
 
+def test_export_of_a_name_given_twice_numbers_the_file_as_every_writer_does(tmp_path):
+    """Two sequences of one name (two generate outputs joined) were renamed `good_` (row and file), where every other
+    writer keeps the name and numbers the new file (`good-1`, as the help and docs/cli.md say)."""
+    r = invoke("export-mesh", "-", "-o", tmp_path, "--format", "json", input=good_line() + "\n" + good_line() + "\n")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["name"] for x in rows] == ["good", "good"]
+    assert [x["file"] for x in rows] == [str(tmp_path / "good.obj"), str(tmp_path / "good-1.obj")]
+
+
 def test_unreadable_inputs_name_their_file(tmp_path):
     """A corrupt PLY, an empty batch and a mesh without area are refused as input errors naming the file (they were
     a bare ValueError/KeyError, exit 1, an empty run with exit 0, and a message without the file)."""
@@ -274,6 +284,24 @@ def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
     torch.save(model.state_dict(), tmp_path / "w.pt")
     (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
     r = invoke("registry", "import", tmp_path / "w.pt", "--name", "my-mesh", "--builder", "mesh_gpt",
+               "--kwargs", tmp_path / "kw.json")
+    assert r.exit_code == 0, r.output
+    r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
+
+
+def test_a_tied_mesh_backbones_safetensors_import(tiny, tmp_path):
+    # a tied head is stored once in safetensors (a registry entry's model.safetensors, safetensors' save_model): the
+    # import said "does not fit builder mesh_gpt: missing key decoder.output.weight" (only `output.weight` was known)
+    from safetensors.torch import save_model
+
+    from tests.mesh.mesh_fixtures import tiny_mesh_model
+
+    model = tiny_mesh_model()
+    assert model.decoder.output.weight is model.decoder.tok_embeddings.weight
+    save_model(model, str(tmp_path / "w.safetensors"))
+    (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
+    r = invoke("registry", "import", tmp_path / "w.safetensors", "--name", "my-mesh", "--builder", "mesh_gpt",
                "--kwargs", tmp_path / "kw.json")
     assert r.exit_code == 0, r.output
     r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")

@@ -372,6 +372,9 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
     (["benchmark", "--suite", "images", "--config", ROOT / "recipes/tiny/bench-meshes.yaml"],
      "--suite images contradicts suite: meshes"),
     (["benchmark", "--suite", "images", "suite=meshes"], "--suite images contradicts suite: meshes"),
+    # was a run without classifier metrics (a note in the JSON rows only) where its dry run failed the entry
+    (["benchmark", "--suite", "images", "--limit", "1", "--methods", "ar", "classifier=nosuch"],
+     "classifier=nosuch: unknown checkpoint 'nosuch'"),
     (["benchmark", "--model", "tiny-text", "--limit", "1", "--methods", "ar,ngram@x", "targets.ngram@x=nosuch"],
      "nosuch, the model of row ngram@x, is not in the registry: register it first"),  # was only 'unknown checkpoint'
     # a recipe of another command named one key ("Key 'suite' not in 'TextGenConfig'"), not the command to run it with
@@ -387,6 +390,20 @@ def test_cuda_without_cuda_is_one_line(tiny, cmd):
 ])
 def test_bad_recipes_and_overrides(tiny, args, needle):
     check_refusal(tiny, args, 2, needle)
+
+
+def test_a_runs_unregistered_row_model_names_the_command_its_recipe_makes_it_with(tiny):
+    # the dry run quoted the recipe header's command; the run said only "(a recipe's header says how; ...)"
+    maker = "specgen registry merge tiny-text --scale 1 --name tiny-s1"
+    (tiny / "cwd" / "bench.yaml").write_text(
+        f"# the row ngram@x decodes the model merged at scale 1; register it first:\n#   {maker}\n"
+        "suite: humaneval\nmodel: tiny-text\nmethods: [ar, ngram@x]\ntargets: {ngram@x: tiny-s1}\nlimit: 1\n")
+    dry = invoke("benchmark", "--config", "bench.yaml", "--dry-run", "--format", "json")
+    entry = next(r for r in json.loads(dry.stdout) if r["check"] == "entry ngram@x target")
+    assert not entry["ok"] and entry["detail"].endswith(f"the recipe's header: {maker}"), entry
+    check_refusal(tiny, ["benchmark", "--config", "bench.yaml"], 2,
+                  f"tiny-s1, the model of row ngram@x, is not in the registry: register it first (the recipe's "
+                  f"header: {maker})")
 
 
 def test_a_recipes_string_for_a_list_names_the_key_and_the_form(tiny):

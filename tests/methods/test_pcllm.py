@@ -95,3 +95,10 @@ def test_distilled_methods_pick_their_model():
         assert model_for(get_method(name), "tiny", "smollm2-135m") == "tiny"  # an explicit model wins
     assert model_for(get_method("cllm"), "smollm2-135m", "smollm2-135m") == "smollm2-135m-cllm"
     assert model_for(get_method("ar"), "smollm2-135m", "smollm2-135m") == "smollm2-135m"
+    # the default model spelled as kind/name, or at a precision (`--model NAME+int8` is NAME at int8): `generate
+    # --method pcllm --model target/smollm2-135m` (or smollm2-135m+int8) decoded the base, smollm2-135m the target
+    pcllm = get_method("pcllm")
+    assert model_for(pcllm, "target/smollm2-135m", "smollm2-135m") == "smollm2-135m-pcllm"
+    assert model_for(pcllm, "smollm2-135m+int8", "smollm2-135m") == "smollm2-135m-pcllm+int8"
+    assert model_for(pcllm, "target/smollm2-135m+bf16+int4", "smollm2-135m") == "smollm2-135m-pcllm+bf16+int4"
+    assert model_for(pcllm, "draft/smollm2-135m", "smollm2-135m") == "draft/smollm2-135m"  # another entry
