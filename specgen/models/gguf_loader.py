@@ -69,6 +69,8 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
     except Exception as e:  # the gguf package raises ValueError/struct errors on bad files
         raise CheckpointError(f"cannot parse GGUF file {path}: {e} (truncated, or not a GGUF file: fetch it again)"
                               ) from None
+    if arch is None:  # a GGUF holds a model's weights under its architecture's names, or other data
+        raise UsageError(f"GGUF file {path.name} names no general.architecture: not a model's weights")
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}

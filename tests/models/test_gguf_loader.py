@@ -211,7 +211,7 @@ def test_a_phi3_longrope_gguf_loads_as_its_hf_folder(tmp_path):
     (dict(rope_scaling_type=RopeScalingType("linear"), rope_scaling_factor=0.0), "rope.scaling.factor=0.0"),
 ])
 def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tmp_path):
-
+    """A RoPE key the loader does not map (or a factor that scales nothing) is one line naming it."""
     hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
     write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
@@ -232,3 +232,16 @@ def test_a_truncated_gguf_says_so(tmp_path):
     with pytest.raises(CheckpointError, match="cannot parse GGUF file .*tiny.gguf: .* \\(truncated, or not a GGUF "
                                               "file: fetch it again\\)"):
         load_gguf(path)
+
+
+def test_a_gguf_without_an_architecture_is_not_a_model(tmp_path):
+    """A GGUF naming no general.architecture (not a model's weights) read 'unsupported GGUF architecture None'."""
+    w = GGUFWriter(str(tmp_path / "data.gguf"), "llama")
+    w.kv_data[0].pop("general.architecture")
+    w.add_tensor("token_embd.weight", np.zeros((64, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UsageError, match="^GGUF file data.gguf names no general.architecture: not a model's weights$"):
+        load_gguf(tmp_path / "data.gguf")
