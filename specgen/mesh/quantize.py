@@ -22,8 +22,8 @@ def normalize_bbox(vertices: np.ndarray, eps: float = BPT_SCALE_EPS) -> np.ndarr
         raise MeshInputError("mesh has no vertices")
     lo, hi = v.min(axis=0), v.max(axis=0)  # [3], [3]
     extent = float((hi - lo).max())
-    if extent + eps <= 0.0:
-        raise MeshInputError("mesh bounding box has zero size")
+    if extent <= 0.0:  # every point the same one: no shape to condition on or decode (BPT's eps would hide it)
+        raise MeshInputError("mesh bounding box has zero size: every point is the same one")
     return (v - 0.5 * (lo + hi)) * (2.0 * HALF_EXTENT / (extent + eps))
 
 

@@ -27,9 +27,10 @@ def test_normalize_bbox_bpt_epsilon_is_default():
     assert normalize_bbox(v)[1, 0] == pytest.approx(1.9 / (2.0 + 1e-6), abs=0)
 
 
-def test_normalize_bbox_rejects_a_single_point():
+@pytest.mark.parametrize("eps", [0.0, 1e-6])  # BPT's default eps made the check pass a cloud of one point
+def test_normalize_bbox_rejects_a_single_point(eps):
     with pytest.raises(MeshInputError, match="zero size"):
-        normalize_bbox(np.zeros((3, 3)), eps=0.0)
+        normalize_bbox(np.zeros((3, 3)), eps=eps)
 
 
 def test_quantize_matches_bpt_discretize_including_half_to_even():
