@@ -220,11 +220,11 @@ class StateFile:
             if missing:
                 raise CheckpointError(f"{path} does not fit this run (no {missing[0]}); use another --out")
             m.load_state_dict(state, strict=not self.trainable)
-        for name, opt in task.optims.items():
-            for i, p in enumerate(opt.params()):
-                st = {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
-                if st:
-                    opt.optimizer.state[p] = st
+        for name, opt in task.optims.items():  # torch's load puts the moments on their parameters' devices
+            state = {i: {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
+                     for i in range(len(opt.params()))}
+            groups = opt.optimizer.state_dict()["param_groups"]
+            opt.optimizer.load_state_dict({"state": {i: st for i, st in state.items() if st}, "param_groups": groups})
         for k, v in task.extra_tensors().items():
             v.copy_(tensors[k])
         return meta
