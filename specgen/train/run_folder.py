@@ -56,17 +56,22 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
 @contextmanager
 def run_folder(out: Path, record: dict[str, Any] | None = None,
                disposable: tuple[str, ...] = DISPOSABLE) -> Iterator[Path]:
-    """Write `record` to OUT/config.json and run the body; a failure removes OUT if this call created it and it
-    holds nothing but `disposable` files."""
+    """Write `record` to OUT/config.json and run the body; a failure of a fresh run (OUT absent or empty) that wrote
+    nothing but `disposable` files leaves OUT as it was: removed if this call made it, else emptied (its record
+    left there would refuse the corrected rerun as a run with a different config)."""
     out = Path(out)
     existed = out.exists()
+    fresh = not existed or not any(out.iterdir())
     try:
         if record is not None:
             write_json(out / RECORD, record)
         yield out
     except BaseException:
-        if not existed and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
-            shutil.rmtree(out, ignore_errors=True)
+        if fresh and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
+            for p in out.iterdir():
+                p.unlink(missing_ok=True)
+            if not existed:
+                shutil.rmtree(out, ignore_errors=True)
         raise
 
 
