@@ -22,7 +22,7 @@ from specgen.eval.run_dir import Shard, launcher_shard
 from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
-from specgen.paths import atomic_write, atomic_write_text
+from specgen.paths import atomic_write, atomic_write_text, written_elsewhere
 from specgen.text.jacobi_blocks import JacobiBlocks
 from specgen.text.precision import resolve, split_name
 from specgen.text.target import open_text_model
@@ -228,7 +228,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     out = Path(out)
     if (out / META).is_file():
         check_meta(read_meta(out), meta)
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(not written_elsewhere(p, META) for p in out.iterdir()):  # (ranks all write META)
         raise UsageError(f"{out} exists and is not a trajectory folder; use an empty or new --out")
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))
