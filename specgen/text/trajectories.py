@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.data.prompts import read_prompts
 from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.sampling import SamplingParams
@@ -211,7 +211,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
-    src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
+    with checkpoints.input_named("model", cfg.model, "text target"):
+        src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
     ids = {i: src.tokenizer.encode(texts[i], chat=cfg.chat) for i in mine}
     for i, prompt_ids in ids.items():  # as generate refuses them: before the weights load and any shard is written
         try:

@@ -290,7 +290,8 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        entry = checkpoints.find(cfg.warm_start)
+        with checkpoints.input_named("warm_start", cfg.warm_start, "upsampler"):
+            entry = checkpoints.find(cfg.warm_start)
         if entry.meta.get("builder") != "mulo-updown":
             raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
         warm = checkpoints.load_module(entry)
