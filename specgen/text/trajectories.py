@@ -97,7 +97,8 @@ def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int,
 def read_meta(folder: Path) -> dict:
     path = Path(folder) / META
     if not path.is_file():
-        raise UsageError(f"{folder} holds no trajectories ({META} missing)")
+        raise UsageError(f"{folder} holds no trajectories ({META} missing); collect them with "
+                         f"`specgen collect-trajectories --out {folder}`")
     try:
         meta = json.loads(path.read_text())
     except ValueError as e:  # not JSON, or not UTF-8 text
@@ -148,7 +149,8 @@ def load_records(folder: Path) -> list[dict]:
     merged = folder / MERGED / "train.parquet"
     files = ([merged] if merged.is_file() else []) + shard_files(folder)  # shards collected since a merge: not in it
     if not files:
-        raise UsageError(f"{folder} holds no trajectory shards")
+        raise UsageError(f"{folder} holds no trajectory shards (its collection stopped before the first one); "
+                         f"rerun `specgen collect-trajectories --out {folder}` with its settings to go on")
     rows: dict[tuple[int, int], dict] = {}
     for f in files:
         try:

@@ -198,3 +198,11 @@ def test_another_ranks_meta_write_in_flight_is_no_other_programs_file(tiny_text,
     (other / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="not a trajectory folder"):
         T.collect(cfg(tiny_text, limit=2), other)
+
+
+def test_a_folder_without_trajectories_names_the_command_that_collects_them(tmp_path):
+    """distill --trajectories of a wrong or unfinished folder: the line says how to fill it, not only what is missing."""
+    with pytest.raises(UsageError, match=r"holds no trajectories .*`specgen collect-trajectories --out "):
+        T.read_meta(tmp_path)
+    with pytest.raises(UsageError, match=r"holds no trajectory shards.*`specgen collect-trajectories --out "):
+        T.load_records(tmp_path)
