@@ -126,6 +126,8 @@ class Progress:
 
 #: The fields of `Progress` a train state keeps.
 SAVED = ("step", "history", "elapsed", "cpu", "window")
+#: The meta key of the loss scaler's state (fp16 runs: scale and growth tracker, numbers).
+SCALER = "loss_scaler"
 #: budget clock name -> minutes it has run
 BUDGETS: dict[str, Callable[[Progress], float]] = {"session": lambda p: (time.perf_counter() - p.session_start) / 60,
                                                    "cpu": lambda p: p.cpu / 60}
@@ -296,6 +298,8 @@ class Loop:
             for k in SAVED:
                 setattr(p, k, meta[k])
             torch.set_rng_state(meta.pop("torch_rng"))
+            if self.acc.scaler is not None and SCALER in meta:  # fp16: the loss scale the run had reached
+                self.acc.scaler.load_state_dict(meta.pop(SCALER))
             task.restore(meta, p)
         self._broadcast(task.modules)
         stop = min(o.stop_after or o.steps, o.steps)
@@ -378,7 +382,8 @@ class Loop:
     def _save(self, task: TrainTask, checkpoint: StateFile, p: Progress) -> None:
         self.wait()
         if self.is_main:
-            checkpoint.save(task, {**{k: getattr(p, k) for k in SAVED}, **task.meta()})
+            scaler = {SCALER: self.acc.scaler.state_dict()} if self.acc.scaler is not None else {}
+            checkpoint.save(task, {**{k: getattr(p, k) for k in SAVED}, **scaler, **task.meta()})
         self.wait()
 
 
