@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -67,6 +68,30 @@ def find_linked(entry: Entry, name: str, role: str, progress: Progress = None) -
     except UnknownNameError:
         raise UsageError(f"{entry.ref} {role} {name!r}, which is not installed (removed?); import or train it again "
                          f"under that name, or remove {entry.ref}") from None
+
+
+#: what a trainer's input key names -> how such an entry is made (said when the name is unknown)
+MADE_BY = {
+    "text target": "import one with `specgen registry import FOLDER|GGUF --name NAME`",
+    "adapter": "`specgen distill` registers adapter/NAME-lora",
+    "image target": "train one with `python -m specgen.train.image_gpt` or import LlamaGen's "
+                    "(`specgen registry import ... --builder llamagen-gpt`)",
+    "mesh target": "train one with `python -m specgen.train.mesh ... --register NAME`",
+    "drafter": "`specgen train-heads --kind eagle` registers draft/NAME",
+    "vq": "train one with `python -m specgen.train.vq` or import LlamaGen's (`specgen registry import ... --kind vq`)",
+    "upsampler": "`specgen train-upsampler` registers upsampler/NAME",
+}
+
+
+@contextlib.contextmanager
+def input_named(key: str, name: str, role: str) -> Iterator[None]:
+    """A refusal of the checkpoint recipe key `key` names (`name`, a `role` of MADE_BY) inside is `key=name: ...`;
+    an unknown name also says how such an entry is made."""
+    try:
+        yield
+    except UsageError as e:
+        how = f"; {MADE_BY[role]}" if isinstance(e, UnknownNameError) else ""
+        raise UsageError(f"{key}={name}: {e}{how}") from None
 
 
 def not_a_checkpoint(name: str, path: Path) -> str:

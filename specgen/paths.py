@@ -180,6 +180,12 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix
     return path
 
 
+def written_elsewhere(entry: Path, name: str) -> bool:
+    """Whether `entry` is an `atomic_write` temporary of a file `name` beside it: another process's write in flight
+    (a data-parallel run's ranks all write their run record), no other program's file."""
+    return entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, **kw) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data), **kw)
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from specgen import registry
+from specgen import checkpoints, registry
 from specgen.data.prompts import read_prompts
 from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.sampling import SamplingParams
@@ -22,7 +22,7 @@ from specgen.eval.run_dir import Shard, launcher_shard
 from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
-from specgen.paths import atomic_write, atomic_write_text
+from specgen.paths import atomic_write, atomic_write_text, written_elsewhere
 from specgen.text.jacobi_blocks import JacobiBlocks
 from specgen.text.precision import resolve, split_name
 from specgen.text.target import open_text_model
@@ -97,7 +97,8 @@ def jacobi_trajectories_batch(target, prompts: list[list[int]], block_size: int,
 def read_meta(folder: Path) -> dict:
     path = Path(folder) / META
     if not path.is_file():
-        raise UsageError(f"{folder} holds no trajectories ({META} missing)")
+        raise UsageError(f"{folder} holds no trajectories ({META} missing); collect them with "
+                         f"`specgen collect-trajectories --out {folder}`")
     try:
         meta = json.loads(path.read_text())
     except ValueError as e:  # not JSON, or not UTF-8 text
@@ -148,7 +149,8 @@ def load_records(folder: Path) -> list[dict]:
     merged = folder / MERGED / "train.parquet"
     files = ([merged] if merged.is_file() else []) + shard_files(folder)  # shards collected since a merge: not in it
     if not files:
-        raise UsageError(f"{folder} holds no trajectory shards")
+        raise UsageError(f"{folder} holds no trajectory shards (its collection stopped before the first one); "
+                         f"rerun `specgen collect-trajectories --out {folder}` with its settings to go on")
     rows: dict[tuple[int, int], dict] = {}
     for f in files:
         try:
@@ -211,7 +213,8 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     mine = [i for i in range(len(texts)) if (cfg.offset + i) % shard.count == shard.index]
-    src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
+    with checkpoints.input_named("model", cfg.model, "text target"):
+        src = open_text_model(cfg.model, cfg.device, progress, dtype=cfg.dtype)
     ids = {i: src.tokenizer.encode(texts[i], chat=cfg.chat) for i in mine}
     for i, prompt_ids in ids.items():  # as generate refuses them: before the weights load and any shard is written
         try:
@@ -228,7 +231,7 @@ def collect(cfg: CollectConfig, out: Path, on_prompt: Callable[[int, int, float]
     out = Path(out)
     if (out / META).is_file():
         check_meta(read_meta(out), meta)
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists() and any(not written_elsewhere(p, META) for p in out.iterdir()):  # (ranks all write META)
         raise UsageError(f"{out} exists and is not a trajectory folder; use an empty or new --out")
     else:
         atomic_write_text(out / META, json.dumps(meta, indent=2, sort_keys=True))

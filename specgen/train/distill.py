@@ -216,7 +216,8 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     meta = read_meta(Path(cfg.trajectories))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    source = open_text_model(cfg.model, "cpu", progress)
+    with checkpoints.input_named("model", cfg.model, "text target"):
+        source = open_text_model(cfg.model, "cpu", progress)
     if source.entry.kind != "target":  # its outputs would be a target without tokenizer and an adapter's adapter
         raise UsageError(f"{source.entry.ref} is no target; to train that adapter on, use model={source.base.ref} "
                          f"init_adapter={source.entry.name}")
@@ -230,7 +231,8 @@ def distill(cfg: DistillConfig, out: Path, log: Callable[[str], None] = lambda s
     tok_hash = tokenizer_hash(tm.tokenizer)
     init = None
     if cfg.init_adapter:  # a later progressive round: continue an adapter of this model
-        init = checkpoints.find(cfg.init_adapter)
+        with checkpoints.input_named("init_adapter", cfg.init_adapter, "adapter"):
+            init = checkpoints.find(cfg.init_adapter)
         if init.kind != "adapter":  # check_pair would call it a drafter of no target (or of another one)
             raise UsageError(f"init_adapter={cfg.init_adapter}: {init.ref} is not a LoRA adapter; give "
                              f"adapter/<name> (from `specgen distill`)")

@@ -158,7 +158,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
           device: str = "cpu", force: bool = False) -> Published | None:
     """Generate (or reuse) target samples, train (or resume) the drafter and register it (None on other ranks)."""
     torch.set_num_threads(cfg.num_threads)
-    entry = checkpoints.find(cfg.target)
+    with checkpoints.input_named("target", cfg.target, "image target"):
+        entry = checkpoints.find(cfg.target)
     if entry.kind != "target":
         raise UsageError(f"{entry.ref} is a {entry.kind}, not a target; pass target=<image target>")
     target = checkpoints.load_module(entry).requires_grad_(False)
@@ -168,7 +169,8 @@ def train(cfg: EagleTrainConfig, out: Path, log: Callable[[str], None] = lambda 
     torch.manual_seed(cfg.seed)
     net = EagleNet.from_target(target)
     if cfg.init:
-        init = checkpoints.find(cfg.init)
+        with checkpoints.input_named("init", cfg.init, "drafter"):
+            init = checkpoints.find(cfg.init)
         registry.check_pair(init, entry)
         net.load_state_dict(checkpoints.load_module(init).state_dict(), strict=True)
     digest = file_digest(entry.path / registry.WEIGHTS)

@@ -259,7 +259,8 @@ class HeadsTrainer:
         self.cfg, self.out, self.log, self.device, self.is_main = cfg, Path(out), log, device, True
         torch.set_num_threads(cfg.num_threads)
         torch.manual_seed(cfg.seed)
-        self.target = checkpoints.find(cfg.target)
+        with checkpoints.input_named("target", cfg.target, "mesh target"):
+            self.target = checkpoints.find(cfg.target)
         if self.target.kind != "target":  # heads and their adapter are mesh entries too, but build no backbone
             raise UsageError(f"{self.target.ref} is not a target entry; pass target=<mesh backbone>")
         if self.target.meta.get("modality") != "mesh":

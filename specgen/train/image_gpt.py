@@ -66,10 +66,8 @@ class ImageGPTTrainConfig(OptimConfig):
 
 def vq_entry(ref: str, key: str = "vq") -> registry.Entry:
     """The VQ entry of a folder or registry name given as recipe key `key`; another kind of entry is a UsageError."""
-    try:
+    with checkpoints.input_named(key, ref, "vq"):
         entry = registry.entry_at(Path(ref)) if (Path(ref) / "config.json").is_file() else checkpoints.find(ref)
-    except UsageError as e:
-        raise UsageError(f"{key}={ref}: {e}") from None
     if entry.meta.get("builder") != "vq":  # another model's weights would fail later, as an attribute error
         raise UsageError(f"{key}={ref}: {entry.ref} is not a VQ tokenizer (builder {entry.meta.get('builder')!r}); "
                          "name one such as tiny-image-vq")

@@ -126,6 +126,8 @@ class Progress:
 
 #: The fields of `Progress` a train state keeps.
 SAVED = ("step", "history", "elapsed", "cpu", "window")
+#: The meta key of the loss scaler's state (fp16 runs: scale and growth tracker, numbers).
+SCALER = "loss_scaler"
 #: budget clock name -> minutes it has run
 BUDGETS: dict[str, Callable[[Progress], float]] = {"session": lambda p: (time.perf_counter() - p.session_start) / 60,
                                                    "cpu": lambda p: p.cpu / 60}
@@ -220,11 +222,11 @@ class StateFile:
             if missing:
                 raise CheckpointError(f"{path} does not fit this run (no {missing[0]}); use another --out")
             m.load_state_dict(state, strict=not self.trainable)
-        for name, opt in task.optims.items():
-            for i, p in enumerate(opt.params()):
-                st = {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
-                if st:
-                    opt.optimizer.state[p] = st
+        for name, opt in task.optims.items():  # torch's load puts the moments on their parameters' devices
+            state = {i: {k[len(f"{name}.{i}."):]: v for k, v in tensors.items() if k.startswith(f"{name}.{i}.")}
+                     for i in range(len(opt.params()))}
+            groups = opt.optimizer.state_dict()["param_groups"]
+            opt.optimizer.load_state_dict({"state": {i: st for i, st in state.items() if st}, "param_groups": groups})
         for k, v in task.extra_tensors().items():
             v.copy_(tensors[k])
         return meta
@@ -296,6 +298,8 @@ class Loop:
             for k in SAVED:
                 setattr(p, k, meta[k])
             torch.set_rng_state(meta.pop("torch_rng"))
+            if self.acc.scaler is not None and SCALER in meta:  # fp16: the loss scale the run had reached
+                self.acc.scaler.load_state_dict(meta.pop(SCALER))
             task.restore(meta, p)
         self._broadcast(task.modules)
         stop = min(o.stop_after or o.steps, o.steps)
@@ -378,7 +382,8 @@ class Loop:
     def _save(self, task: TrainTask, checkpoint: StateFile, p: Progress) -> None:
         self.wait()
         if self.is_main:
-            checkpoint.save(task, {**{k: getattr(p, k) for k in SAVED}, **task.meta()})
+            scaler = {SCALER: self.acc.scaler.state_dict()} if self.acc.scaler is not None else {}
+            checkpoint.save(task, {**{k: getattr(p, k) for k in SAVED}, **scaler, **task.meta()})
         self.wait()
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from specgen import registry
 from specgen.devices import train_device
 from specgen.errors import UsageError
-from specgen.paths import check_folder
+from specgen.paths import check_folder, written_elsewhere
 from specgen.train.checkpoint import check_outputs, write_json
 from specgen.train.script import file_logger
 
@@ -30,9 +30,8 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
         raise UsageError(f"--out {out} is a file, not a run folder")
     check_folder(out, f"--out {out}")  # a file above it, no write permission, a full device: before anything loads
     path = out / record
-    if not path.is_file():  # another process's write of the record in flight (a data-parallel run's ranks all start
-        pending = f".{record}."  # here): its atomic temporary is no other program's file
-        others = out.is_dir() and any(not p.name.startswith(pending) for p in out.iterdir())
+    if not path.is_file():  # (a data-parallel run's ranks all start here: another's record write may be in flight)
+        others = out.is_dir() and any(not written_elsewhere(p, record) for p in out.iterdir())
         if others and not any((out / f).exists() for f in run_files):
             raise UsageError(f"--out {out} holds other files and no run of this command; use an empty or new folder")
         return False
@@ -56,17 +55,22 @@ def check_resume(out: Path, new: dict[str, Any], loose: tuple[str, ...] = (), on
 @contextmanager
 def run_folder(out: Path, record: dict[str, Any] | None = None,
                disposable: tuple[str, ...] = DISPOSABLE) -> Iterator[Path]:
-    """Write `record` to OUT/config.json and run the body; a failure removes OUT if this call created it and it
-    holds nothing but `disposable` files."""
+    """Write `record` to OUT/config.json and run the body; a failure of a fresh run (OUT absent or empty) that wrote
+    nothing but `disposable` files leaves OUT as it was: removed if this call made it, else emptied (its record
+    left there would refuse the corrected rerun as a run with a different config)."""
     out = Path(out)
     existed = out.exists()
+    fresh = not existed or not any(out.iterdir())
     try:
         if record is not None:
             write_json(out / RECORD, record)
         yield out
     except BaseException:
-        if not existed and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
-            shutil.rmtree(out, ignore_errors=True)
+        if fresh and out.is_dir() and all(p.name in disposable and not p.is_dir() for p in out.iterdir()):
+            for p in out.iterdir():
+                p.unlink(missing_ok=True)
+            if not existed:
+                shutil.rmtree(out, ignore_errors=True)
         raise
 
 

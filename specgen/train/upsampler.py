@@ -290,7 +290,8 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
                            blocks=cfg.blocks, kernel=cfg.kernel, skip=cfg.skip)
     warm = None
     if cfg.warm_start:
-        entry = checkpoints.find(cfg.warm_start)
+        with checkpoints.input_named("warm_start", cfg.warm_start, "upsampler"):
+            entry = checkpoints.find(cfg.warm_start)
         if entry.meta.get("builder") != "mulo-updown":
             raise UsageError(f"{entry.ref} is not a MuLo-SD up/down-sampler pair")
         warm = checkpoints.load_module(entry)
@@ -322,7 +323,9 @@ def train(cfg: UpsamplerTrainConfig, out: Path, log: Callable[[str], None] = lam
     loop.log(f"up {n_params[0] / 1e6:.3f}M, down {n_params[1] / 1e6:.3f}M params; perceptual "
              f"{perc.name if perc else 'none'}; {data['train_hi'].shape[0]} train crops; grids "
              f"{tuple(data['train_lo'].shape[1:])} <-> {tuple(data['train_hi'].shape[1:])}")
-    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg)}, RESUME_LOOSE))
+    # what the state must match to resume: the config and the VQ's weights (its tokens, codebook and decoder)
+    progress = loop.run(task, StateFile(out / "state.safetensors", {"config": asdict(cfg), "vq_sha": digest},
+                                        RESUME_LOOSE))
     model.cpu(), vq.cpu()
     if not loop.is_main:  # rank 0 measures and registers
         return None

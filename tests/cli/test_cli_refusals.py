@@ -1129,3 +1129,21 @@ def test_a_dash_output_path_is_refused_not_made_a_file_named_dash(tiny, args):
     """`-` is stdin for --prompts and export-mesh; `benchmark --out -` wrote the rows into a new file named `-` (and
     the folder options made a folder so) where the reader meant stdout."""
     check_refusal(tiny, args, 2, "- is no stdout here")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["distill", "--trajectories", "traj", "--model", "no-such"], "model=no-such: unknown checkpoint 'no-such'"),
+    (["distill", "--trajectories", "traj", "--model", "tiny-text", "init_adapter=no-such"], "`specgen distill`"),
+    (["collect-trajectories", "--model", "no-such"], "`specgen registry import"),
+    (["train-heads", "--kind", "eagle", "target=no-such"], "`python -m specgen.train.image_gpt`"),
+    (["train-heads", "--kind", "eagle", "init=no-such", "name=", "ship_dir="], "`specgen train-heads --kind eagle`"),
+    (["train-heads", "target=no-such"], "`python -m specgen.train.mesh"),
+    (["train-upsampler", "vq=no-such", "name=", "ship_dir="], "`python -m specgen.train.vq`"),
+    (["train-upsampler", "warm_start=no-such", "name=", "ship_dir="], "warm_start=no-such: unknown checkpoint"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
+def test_an_unknown_input_checkpoint_names_its_key_and_the_command_that_makes_one(tiny, args, needle):
+    """A trainer's teacher, base or warm start that is not installed: the line says which key named it and how such
+    an entry is made (a recipe run before its first step said only 'unknown checkpoint', with every known name)."""
+    (tiny / "cwd" / "traj").mkdir()
+    (tiny / "cwd" / "traj" / "trajectories.json").write_text("{}")
+    check_refusal(tiny, [args[0], "--out", "run", *args[1:]], 2, needle)

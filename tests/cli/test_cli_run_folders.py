@@ -107,14 +107,19 @@ def test_another_ranks_record_write_in_flight_is_no_other_programs_file(tmp_path
     (["train-upsampler", "vq=no-such-vq"], 2),
     (["collect-trajectories", "--model", "no-such-target"], 2),
 ])
-def test_failed_fresh_runs_leave_no_folder(tmp_path, args, code):
+@pytest.mark.parametrize("made", [False, True], ids=["new", "made-empty"])
+def test_failed_fresh_runs_leave_no_folder(tmp_path, args, code, made):
+    """A failed fresh run leaves --out as it found it: absent, or an empty folder the user made (where its record
+    once stayed, and the corrected rerun was refused as a run with a different config)."""
     save_tiny_text()
     (tmp_path / "empty").mkdir()
     out = tmp_path / "run"
+    if made:
+        out.mkdir()
     r = invoke(args[0], "--out", out, *[str(tmp_path / "empty") if a == "EMPTY" else a for a in args[1:]])
     assert r.exit_code == code, r.output
     assert len([x for x in r.stderr.splitlines() if x.strip()]) == 1, r.stderr
-    assert not out.exists()
+    assert (list(out.iterdir()) == []) if made else not out.exists()
 
 
 def test_failed_resume_keeps_the_folder(tmp_path):

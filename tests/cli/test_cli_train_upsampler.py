@@ -77,3 +77,15 @@ def test_warm_start_mismatch_and_missing_out(tiny_vq):
     assert r.exit_code == 2 and "smaller scale" in r.stderr
     r = runner.invoke(app, ["train-upsampler", "steps=1"])
     assert r.exit_code == 2 and "--out" in r.stderr
+
+
+def test_a_resume_refuses_a_vq_saved_again_since(tiny_vq):
+    """The state holds a pair trained on one VQ's tokens and codebook: resumed after the VQ's name was saved again
+    with other weights, it went on training against the new VQ in silence (EAGLE's state checks its target's)."""
+    assert run(tiny_vq, "u2", "steps=1", "name=").exit_code == 0
+    torch.manual_seed(1)
+    cfg = VQ_CONFIGS["vq-tiny"]
+    registry.save("vq", "t-vq", VQModel(cfg).state_dict(), {"builder": "vq", "kwargs": cfg.to_dict(),
+                                                            "image_size": 64}, force=True)
+    r = run(tiny_vq, "u2", "steps=1", "name=")
+    assert r.exit_code == 2 and "different vq_sha" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.output

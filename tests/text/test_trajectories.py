@@ -183,3 +183,26 @@ def test_the_collect_dtype_is_the_one_given_else_the_model_names():
     assert T.collect_dtype("tiny-text+bf16", None) == "bfloat16" == T.collect_dtype("tiny-text+bf16", "bfloat16")
     with pytest.raises(UsageError, match="--dtype float32 contradicts the model name 'tiny-text\\+bf16'"):
         T.collect_dtype("tiny-text+bf16", "float32")
+
+
+def test_another_ranks_meta_write_in_flight_is_no_other_programs_file(tiny_text, tmp_path):
+    """Under torchrun every rank writes trajectories.json; a rank that looks while another's atomic write of it is in
+    flight sees only its temporary, which is no other program's file (it refused with 'is not a trajectory folder').
+    Control: a file of another program is still refused."""
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / f".{T.META}.x1y2z3.tmp").write_text("{}")
+    assert T.collect(cfg(tiny_text, limit=2), out).prompts == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a trajectory folder"):
+        T.collect(cfg(tiny_text, limit=2), other)
+
+
+def test_a_folder_without_trajectories_names_the_command_that_collects_them(tmp_path):
+    """distill --trajectories of a wrong or unfinished folder: the line says how to fill it, not only what is missing."""
+    with pytest.raises(UsageError, match=r"holds no trajectories .*`specgen collect-trajectories --out "):
+        T.read_meta(tmp_path)
+    with pytest.raises(UsageError, match=r"holds no trajectory shards.*`specgen collect-trajectories --out "):
+        T.load_records(tmp_path)

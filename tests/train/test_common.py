@@ -160,6 +160,24 @@ def test_train_state_round_trip_resumes_exactly(tmp_path):
         assert torch.equal(a, b)
 
 
+@pytest.mark.filterwarnings("ignore:for .*copying from a non-meta parameter")
+def test_resumed_optimiser_moments_live_on_their_parameters_device(tmp_path):
+    """The loop moves the modules to its device before the state loads: the moments must follow their parameters
+    (the file's tensors are on the CPU; a CUDA run's resume failed its first AdamW step on mixed devices). The meta
+    device stands in for a GPU here; the step count stays on the CPU, as torch keeps it."""
+    model, opt = _trained()
+    _step(model, opt, 0)
+    path = tmp_path / "state.safetensors"
+    StateFile(path).save(_Held(model, opt, torch.zeros(5)), {"step": 1})
+    fresh, _ = _trained(seed=1)
+    fresh.to("meta")  # (new parameters: the optimiser is made over them, as a trainer's is over its module's)
+    fresh_opt = torch.optim.AdamW([p for p in fresh.parameters() if p.requires_grad], lr=1e-2)
+    StateFile(path).load(_Held(fresh, fresh_opt, torch.zeros(5)))
+    for p in fresh_opt.param_groups[0]["params"]:
+        assert {k: v.device.type for k, v in fresh_opt.state[p].items()} == {
+            "step": "cpu", "exp_avg": "meta", "exp_avg_sq": "meta"}
+
+
 def test_trainable_state_holds_only_the_trained_parameters(tmp_path):
     model, opt = _trained()
     _step(model, opt, 0)

@@ -51,6 +51,23 @@ def test_cadence_of_log_eval_and_checkpoint():
     assert ckpt.saved == [4, 7]  # a stop before the end is checkpointed too
 
 
+def test_a_resumed_loss_scaled_run_goes_on_at_its_loss_scale(tmp_path):
+    """fp16 (`distill --dtype float16`, CUDA) scales the loss by a factor that grows and backs off with the run: a
+    resume that started again from the initial scale skipped other overflowing steps than the uninterrupted run,
+    ending with other weights. A CPU GradScaler stands in for CUDA's (accelerate makes none on the CPU)."""
+    def loop(**kw) -> Loop:
+        lp = Loop(LoopOptions(steps=6, **kw))
+        lp.acc.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
+        return lp
+
+    whole = loop()
+    whole.run(Regression(), StateFile(tmp_path / "a.safetensors"))
+    loop(stop_after=3).run(Regression(), StateFile(tmp_path / "b.safetensors"))
+    rest = loop()
+    rest.run(Regression(), StateFile(tmp_path / "b.safetensors"))
+    assert rest.acc.scaler.get_scale() == whole.acc.scaler.get_scale() == 2.0**16  # doubled at each of 6 steps
+
+
 def test_resume_equals_an_uninterrupted_run(tmp_path):
     """Stopped at step 6 (its dropout having drawn from the global RNG), resumed to 10: the same weights, optimiser
     moments and history as 10 steps at once, bit for bit; another schedule is refused."""
