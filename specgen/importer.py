@@ -121,8 +121,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise CheckpointError(f"{source.name} does not fit builder {builder}: {'missing' if missing else 'unexpected'} key {bad}")
     meta = {"builder": builder, "kwargs": kwargs, "vocab_size": kwargs.get("vocab_size"), "parent": parent,
             "source": str(source), "created_by": "registry import"}
-    if builder == "mesh_gpt":  # a mesh backbone: an entry without a modality is a text one to every command
-        meta["modality"] = "mesh"
+    if builder == "mesh_gpt":  # a mesh backbone: an entry without a modality is a text one to every command; its
+        meta.update(modality="mesh", vocab_size=module.vocab_size)  # vocabulary is its decoder's (a nested kwarg)
     if builder in IMAGE_BUILDERS:  # an image GPT: its grid, conditioning, and the VQ it decodes with (checked to fit)
         meta.update(modality="image", grid=module.cfg.rope_grid, conditioning=module.cfg.cond_kind)
     if vq:
