@@ -83,6 +83,24 @@ def test_trees_of_more_nodes_than_the_draft_cap_equal_ar(method):
     assert max(size for r in res.results for size in r.stats.draft_sizes) > MAX_DRAFT
 
 
+#: deep trees of wide beams: their levels write more drafter cache slots than the prompt's and image's together
+DEEP = {"eagle2": {"depth": 30, "top_k": 30, "total_tokens": 60},
+        "adt-tree": {"d_max": 32, "d0": 30, "k_max": 32, "k0": 30, "total_tokens": 60}}
+
+
+@pytest.mark.parametrize("method", sorted(DEEP))
+def test_deep_wide_trees_fit_the_drafters_cache_and_equal_ar(method):
+    """A growth writes depth - 1 levels of top_k slots past the drafter's committed pairs: its cache holds the
+    largest tree's, whatever the depth and width (6 x 6 grid: 35 x 30 slots at the first tree)."""
+    model = tiny_image_gpt(5, grid=6, vocab=64)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, 6)
+    ar = [decode(target, EmptyDrafter(), [c], 36, SamplingParams()).tokens for c in (0, 2)]
+    res = run_batch(target, lambda i: build_image_method(method, parts, dict(DEEP[method]))[0], [[0], [2]], 36,
+                    SamplingParams(), batch_size=2, max_draft=MAX_DRAFT)
+    assert [r.tokens for r in res.results] == ar
+
+
 def test_cfg_target_scores_n_sequences_like_one_at_a_time():
     """A forward over 2 sequences (4 cache rows) gives each sequence the CFG logits it gets alone."""
     model = tiny_image_gpt(6)
