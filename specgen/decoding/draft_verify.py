@@ -101,6 +101,8 @@ class DraftVerify(PolicyBase):
 class DrafterBase:
     """Base of drafters (and of method objects with their own steps): no-op capabilities, and the policy of its rows."""
 
+    max_feed = 0  # the most nodes of a draft where more than the loop's draft cap, a cap on its depth (sizes the cache)
+
     def reset(self, prompt: list[int], first) -> None:
         pass
 
@@ -113,4 +115,4 @@ class DrafterBase:
     def step_policy(self, make: Callable[[int], "DrafterBase"], target, rule: Rule, budget: DraftBudget) -> StepPolicy:
         """The step policy that runs the rows `make(index)` builds (this drafter is make(0)): draft-verify over one
         drafter per row, each in turn."""
-        return DraftVerify(EachRow(make), rule, budget)
+        return DraftVerify(EachRow(make, self.max_feed), rule, budget)

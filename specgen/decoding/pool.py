@@ -138,10 +138,11 @@ class PolicyBase(PoolBase):
 
 
 class EachRow(PoolBase):
-    """The pool of per-row Drafters: `make(index)` builds prompt index's drafter; each drafts in turn."""
+    """The pool of per-row Drafters: `make(index)` builds prompt index's drafter; each drafts in turn (`max_feed`: the
+    most nodes of their drafts, where more than the loop's draft cap)."""
 
-    def __init__(self, make: Callable[[int], Drafter]) -> None:
-        self.make = make
+    def __init__(self, make: Callable[[int], Drafter], max_feed: int = 0) -> None:
+        self.make, self.max_feed = make, max_feed
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         self.rows[slot] = self.make(index)

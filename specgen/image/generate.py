@@ -153,7 +153,7 @@ def class_hint(name: str, names: list[str], count: int) -> str:
 
 MAX_LISTED = 32  # class names an unknown one's refusal lists (ImageNet's 1000 would be no line to read)
 DEFAULT_NUM = 8  # c2i images when `num` is 0
-MAX_DRAFT = 128  # the loop's cap on draft nodes per row: above every tree the methods grow (their own shape rules)
+MAX_DRAFT = 128  # the loop's cap on a row's draft depth (a tree's nodes past it: its pool's max_feed sizes the cache)
 # how each command spells the condition options in its one-line errors: name -> flag
 GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE"}
 

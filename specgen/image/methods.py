@@ -35,8 +35,10 @@ class ImageParts:
 def eagle_drafter(parts: ImageParts, policy) -> EagleTreeDrafter:
     if parts.drafter_net is None:
         raise UsageError("this method needs an EAGLE drafter (--drafter NAME, or the target's shipped one)")
-    return EagleTreeDrafter(parts.drafter_net, parts.model.output, policy,
-                            max_len=parts.model.rope_table.shape[0] + 512, guidance=parts.target.cfg_scale)
+    # the committed pairs (at most the context) and one growth's levels: the largest tree's (at least 512 slots, the
+    # headroom it always had: a captured growth pads its levels to node buckets)
+    return EagleTreeDrafter(parts.drafter_net, parts.model.output, policy, guidance=parts.target.cfg_scale,
+                            max_len=parts.model.rope_table.shape[0] + max(512, policy.largest.level_slots))
 
 
 def fixed(o: O.TreeShapeOptions) -> FixedShape:

@@ -44,6 +44,11 @@ class AdtPolicy(ShapePolicy):
         depth, top_k = (p.d0, p.k0) if start is None else adapt(*start, p)
         return TreeShape(depth, top_k, p.total_tokens)
 
+    @property
+    def largest(self) -> TreeShape:
+        """Every shape lies strictly inside the bounds (`adapt`, the random start and `check`'s first tree)."""
+        return TreeShape(self.params.d_max - 1, self.params.k_max - 1, self.params.total_tokens)
+
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
         alpha = accepted / shape.depth if shape.depth else 0.0
         for index in range(next_index, next_index + committed):  # every token this tree committed

@@ -36,6 +36,11 @@ class ShapePolicy(ABC):
     def shape(self, next_index: int) -> TreeShape:
         """Shape of the tree drafting the token with sequence index `next_index` onwards."""
 
+    @property
+    @abstractmethod
+    def largest(self) -> TreeShape:
+        """The deepest and widest shape, and the node budget, of every tree it chooses (sizes the caches)."""
+
     def observe(self, next_index: int, shape: TreeShape, accepted: int, committed: int) -> None:
         """`accepted` draft tokens were accepted; `committed` tokens (accepted + bonus) were added."""
 
@@ -47,6 +52,10 @@ class FixedShape(ShapePolicy):
     tree: TreeShape
 
     def shape(self, next_index: int) -> TreeShape:
+        return self.tree
+
+    @property
+    def largest(self) -> TreeShape:
         return self.tree
 
 
@@ -70,7 +79,9 @@ class EagleTreeDrafter(DrafterBase):
 
     def step_policy(self, make: Callable[[int], "EagleTreeDrafter"], target, rule, budget) -> DraftVerify:
         """Draft-verify over the DrafterPool that grows every live row's tree together (`EagleBatch` below)."""
-        return TreeVerify(EagleBatch(make), rule, budget)
+        pool = EagleBatch(make)
+        pool.max_feed = self.policy.largest.total_tokens  # a whole tree at any draft depth: the loop's cache holds it
+        return TreeVerify(pool, rule, budget)
 
 
 class TreeVerify(DraftVerify):

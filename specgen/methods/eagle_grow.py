@@ -26,6 +26,11 @@ class TreeShape:
     top_k: int
     total_tokens: int
 
+    @property
+    def level_slots(self) -> int:
+        """The drafter cache slots a growth writes past the committed pairs: a beam of top_k a level after the root's."""
+        return max(self.depth - 1, 0) * self.top_k
+
 
 @dataclass(frozen=True)
 class GrownTrees:

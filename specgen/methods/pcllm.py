@@ -22,6 +22,13 @@ class MultiBlockDrafter(DrafterBase):
     o: MultiBlockOptions = field(default_factory=MultiBlockOptions)
     seed: int = 0
 
+    @property
+    def max_feed(self) -> int:
+        """The most nodes of a draft (its depth is the loop's to cap): the window, K blocks of n at most, `verify`
+        recycled n-grams and the lookup branch."""
+        o = self.o
+        return o.num_blocks * o.block_size + o.verify * (o.ngram or o.block_size - 1) + o.lookup
+
     def fill(self, k: int) -> list[int]:
         return [self.rng.choice(self.text) for _ in range(k)]
 

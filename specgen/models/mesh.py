@@ -104,7 +104,9 @@ class MeshGPT(nn.Module):
 
     # -- cached decoding -------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        return self.decoder.new_cache(batch, min(max_len, self.dec_cfg.max_seq_len))
+        """`max_len` slots, not positions: a draft tree's nodes share positions, and near the context they take slots
+        past it (the positions are the decoder's to guard)."""
+        return self.decoder.new_cache(batch, max_len)
 
     @torch.inference_mode()
     def prefill(self, cache: KVCache, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

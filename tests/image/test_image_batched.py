@@ -12,6 +12,7 @@ import torch
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.cost import measure_cost
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.image.generate import MAX_DRAFT
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
@@ -61,6 +62,43 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
     random.Random(0).shuffle(order)
     res = run_batch(target, make, [[labels[i]] for i in order], n, SamplingParams(), batch_size=3, max_draft=32)
     assert [r.tokens for r in res.results] == [ar[i] for i in order]
+
+
+#: trees of more nodes than image generate's draft cap (its MAX_DRAFT sizes the loop's cache): wide and shallow
+WIDE = {"eagle2": {"depth": 3, "top_k": 32, "total_tokens": MAX_DRAFT + 8},
+        "adt-tree": {"d0": 3, "k0": 20, "k_max": 32, "total_tokens": MAX_DRAFT + 8}}
+
+
+@pytest.mark.parametrize("method", sorted(WIDE))
+def test_trees_of_more_nodes_than_the_draft_cap_equal_ar(method):
+    """`total_tokens` has no upper bound: the loop's cache holds a whole tree's nodes whatever the draft cap."""
+    model = tiny_image_gpt(5)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, GRID)
+    n = GRID * GRID
+    ar = [decode(target, EmptyDrafter(), [c], n, SamplingParams()).tokens for c in (0, 2)]
+    res = run_batch(target, lambda i: build_image_method(method, parts, dict(WIDE[method]))[0], [[0], [2]], n,
+                    SamplingParams(), batch_size=2, max_draft=MAX_DRAFT)
+    assert [r.tokens for r in res.results] == ar
+    assert max(size for r in res.results for size in r.stats.draft_sizes) > MAX_DRAFT
+
+
+#: deep trees of wide beams: their levels write more drafter cache slots than the prompt's and image's together
+DEEP = {"eagle2": {"depth": 30, "top_k": 30, "total_tokens": 60},
+        "adt-tree": {"d_max": 32, "d0": 30, "k_max": 32, "k0": 30, "total_tokens": 60}}
+
+
+@pytest.mark.parametrize("method", sorted(DEEP))
+def test_deep_wide_trees_fit_the_drafters_cache_and_equal_ar(method):
+    """A growth writes depth - 1 levels of top_k slots past the drafter's committed pairs: its cache holds the
+    largest tree's, whatever the depth and width (6 x 6 grid: 35 x 30 slots at the first tree)."""
+    model = tiny_image_gpt(5, grid=6, vocab=64)
+    target = CFGTarget(model, 3.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval(), None, 6)
+    ar = [decode(target, EmptyDrafter(), [c], 36, SamplingParams()).tokens for c in (0, 2)]
+    res = run_batch(target, lambda i: build_image_method(method, parts, dict(DEEP[method]))[0], [[0], [2]], 36,
+                    SamplingParams(), batch_size=2, max_draft=MAX_DRAFT)
+    assert [r.tokens for r in res.results] == ar
 
 
 def test_cfg_target_scores_n_sequences_like_one_at_a_time():

@@ -15,7 +15,8 @@ from specgen.decoding.tree import DraftTree
 from specgen.errors import UsageError
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.methods.xspecmesh_pool import Proposal
-from tests.mesh.mesh_fixtures import tiny_heads
+from specgen.models.mesh import MeshGPT
+from tests.mesh.mesh_fixtures import tiny_heads, tiny_kwargs
 from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
 #: A 3-token support per position (top-k 3) at a high temperature, so the joint of the first 3 tokens has 27 cells
@@ -135,6 +136,20 @@ def test_rejection_at_temperature_zero_is_greedy_ar(setup):
         res = MeshDecoder(model, tiny_heads()).generate_batch([pc], greedy, 80, opts,
                                                               [torch.Generator().manual_seed(1)])[0]
         assert res.tokens == ar
+
+
+def test_a_candidate_tree_runs_to_the_budget_at_the_context_limit(setup):
+    """The most tokens the budget check allows (context less the heads' look-ahead and 2) leave less than a tree's
+    nodes of the context: the tree's nodes take cache slots past it (positions stay inside), so it decodes as AR."""
+    torch.manual_seed(0)
+    model, pc, n = MeshGPT(**tiny_kwargs(max_seq_len=48)).eval(), setup[1], 48 - 3 - 2
+    greedy = SamplingParams(0.0)
+    ar = MeshDecoder(model).generate_batch([pc, pc], greedy, n)
+    assert [len(r.tokens) for r in ar] == [n, n]  # no EOS: both run to the budget
+    opts = dataclasses.replace(LOSSLESS, candidate_tree="3,2,2")  # 21 nodes
+    for batch_size in (1, 2):
+        res = MeshDecoder(model, tiny_heads()).generate_batch([pc, pc], greedy, n, opts, batch_size=batch_size)
+        assert [r.tokens for r in res] == [r.tokens for r in ar]
 
 
 def test_rejection_labels_and_option_errors():

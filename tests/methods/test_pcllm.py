@@ -82,6 +82,17 @@ def test_mr_lookup_branch_commits_prompt_continuations():
     assert res.stats.target_forwards < plain.stats.target_forwards
 
 
+def test_mr_trees_of_more_nodes_than_the_draft_cap_equal_ar():
+    """A tree's depth is within the loop's draft cap (256), its nodes are not: the window, `verify` recycled n-grams
+    and the lookup branch, side by side (here up to 500 nodes); the loop's cache holds them."""
+    t = ModelTarget(tiny_model(1, vocab_size=8, max_seq_len=1024))  # 8 tokens: n-grams recur, branches fill up
+    prompt = [1, 2, 3, 1, 2, 3, 4]
+    ar = decode(t, EmptyDrafter(), prompt, 100, SamplingParams()).tokens
+    res = decode(t, mr(block_size=100, verify=4, lookup=100), prompt, 100, SamplingParams())
+    assert res.tokens == ar
+    assert max(res.stats.draft_sizes) > 256
+
+
 def test_mr_options():
     with pytest.raises(UsageError, match=r"block_size must be >= 2 .*\(option block_size of pcllm-mr\)"):
         get_method("pcllm-mr").parse_options({"block_size": 1})
