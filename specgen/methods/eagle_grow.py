@@ -28,7 +28,7 @@ class TreeShape:
 
     @property
     def level_slots(self) -> int:
-        """The drafter cache slots a growth writes past the committed pairs: a beam of top_k a level after the root's."""
+        """The drafter cache slots a growth writes past the committed pairs: top_k a level after the root's."""
         return max(self.depth - 1, 0) * self.top_k
 
 
