@@ -201,7 +201,7 @@ def test_another_ranks_meta_write_in_flight_is_no_other_programs_file(tiny_text,
 
 
 def test_a_folder_without_trajectories_names_the_command_that_collects_them(tmp_path):
-    """distill --trajectories of a wrong or unfinished folder: the line says how to fill it, not just what is missing."""
+    """distill --trajectories of a wrong or unfinished folder: the line says how to fill it, not just what lacks."""
     with pytest.raises(UsageError, match=r"holds no trajectories .*`specgen collect-trajectories --out "):
         T.read_meta(tmp_path)
     with pytest.raises(UsageError, match=r"holds no trajectory shards.*`specgen collect-trajectories --out "):
