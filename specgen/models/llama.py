@@ -154,8 +154,8 @@ def rope_dim(raw: dict, arch: str, head_dim: int) -> int:
         raise refuse("partial_rotary_factor", factor, f"partial RoPE is implemented for Phi3ForCausalLM, not {arch}")
     dims = int(head_dim * factor)  # transformers' rounding
     if not 0 < dims <= head_dim or dims % 2:
-        raise refuse("partial_rotary_factor", factor, f"{dims} of a head's {head_dim} dims is not an even number of "
-                     "them")
+        raise refuse("partial_rotary_factor", factor, f"rotates {dims} of a head's {head_dim} dims; partial RoPE "
+                     f"needs an even number of them from 2 to {head_dim}")
     return dims
 
 

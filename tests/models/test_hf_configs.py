@@ -231,6 +231,15 @@ def test_refusals_name_the_key(over, named):
     assert named in message and "\n" not in message
 
 
+@pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])
+def test_a_phi3_partial_rotary_factor_of_no_even_dims_says_which_it_needs(factor, dims):
+    """A factor giving an odd count, none or more than a head's dims is refused with the count and what it must be
+    (0 and 12 dims were each called 'not an even number')."""
+    with pytest.raises(UsageError, match=rf"rotates {dims} of a head's 8 dims; partial RoPE needs an even number of "
+                                         r"them from 2 to 8"):
+        hf_config(raw_llama(architectures=["Phi3ForCausalLM"], partial_rotary_factor=factor))
+
+
 def test_untied_checkpoint_without_head_is_refused(tmp_path):
     theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=True)
     theirs.save_pretrained(tmp_path)
