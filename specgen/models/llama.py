@@ -150,7 +150,7 @@ def rope_dim(raw: dict, arch: str, head_dim: int) -> int:
         return 0
     if not isinstance(factor, (int, float)):
         raise refuse("partial_rotary_factor", factor, "not a number")
-    if arch != "Phi3ForCausalLM":  # transformers' Llama, Mistral, Qwen rotate whole heads whatever the key says
+    if arch != "Phi3ForCausalLM":  # transformers' Llama, Mistral, Qwen: whole heads (default RoPE), or fail (scaled)
         raise refuse("partial_rotary_factor", factor, f"partial RoPE is implemented for Phi3ForCausalLM, not {arch}")
     dims = int(head_dim * factor)  # transformers' rounding
     if not 0 < dims <= head_dim or dims % 2:

@@ -211,7 +211,7 @@ def raw_llama(**over) -> dict:
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(mlp_bias=True), "mlp_bias"),
-    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),  # transformers' Llama rotates whole heads
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),  # transformers' Llama: not partial RoPE
     (dict(architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.4), "partial_rotary_factor"),  # 3 of 8 dims
     (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "short_factor"),
