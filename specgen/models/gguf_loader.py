@@ -78,9 +78,12 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
     dim = gguf_field(reader, f"{arch}.embedding_length")
     head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", dim // n_heads))
     rotary = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
-    if rotary != head_dim and arch != "phi3":  # Phi-4-mini's partial RoPE, as transformers' Phi-3 computes it
-        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count={rotary} below the head size "
-                         f"{head_dim} (partial RoPE), which specgen implements for phi3 (docs/architectures.md)")
+    # phi3: Phi-4-mini's partial RoPE, as transformers' Phi-3 computes it; no rotary dim at all would be rope_dim 0,
+    # which TransformerConfig reads as whole heads (odd or too many dims: its ValueError below)
+    if rotary != head_dim and (arch != "phi3" or rotary < 1):
+        raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count={rotary} for a head size of "
+                         f"{head_dim} (partial RoPE), which specgen implements for phi3, over some of a head's dims "
+                         "(docs/architectures.md)")
     context = int(gguf_field(reader, f"{arch}.context_length", 2048))
     # one number a frequency: Llama 3's divisors, Phi-3's LongRoPE factors (tensors the model has no place for)
     per_frequency = {x: tensors.pop(name, None) for x, name in (("freqs", "rope_freqs.weight"),

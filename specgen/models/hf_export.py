@@ -18,7 +18,8 @@ def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
-    """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout."""
+    """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout; with
+    partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again."""
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}

@@ -150,12 +150,12 @@ def rope_dim(raw: dict, arch: str, head_dim: int) -> int:
         return 0
     if not isinstance(factor, (int, float)):
         raise refuse("partial_rotary_factor", factor, "not a number")
-    if arch != "Phi3ForCausalLM":  # transformers' Llama, Mistral, Qwen rotate whole heads whatever the key says
+    if arch != "Phi3ForCausalLM":  # transformers' Llama, Mistral, Qwen: whole heads (default RoPE), or fail (scaled)
         raise refuse("partial_rotary_factor", factor, f"partial RoPE is implemented for Phi3ForCausalLM, not {arch}")
     dims = int(head_dim * factor)  # transformers' rounding
     if not 0 < dims <= head_dim or dims % 2:
-        raise refuse("partial_rotary_factor", factor, f"{dims} of a head's {head_dim} dims is not an even number of "
-                     "them")
+        raise refuse("partial_rotary_factor", factor, f"rotates {dims} of a head's {head_dim} dims; partial RoPE "
+                     f"needs an even number of them from 2 to {head_dim}")
     return dims
 
 

@@ -276,14 +276,28 @@ def test_mesh_usage_errors(tiny, tmp_path):
     one_error_line(invoke("train-heads", "--kind", "xspecmesh"), 2, "--out")
 
 
-def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
-    # `registry import w.pt --builder mesh_gpt` recorded no modality: every mesh command said "is a text model"
+def save_pt(model, path) -> None:
+    torch.save(model.state_dict(), path)
+
+
+def save_safetensors(model, path) -> None:
+    from safetensors.torch import save_model
+
+    save_model(model, str(path))
+
+
+@pytest.mark.parametrize("save,name", [(save_pt, "w.pt"), (save_safetensors, "w.safetensors")])
+def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path, save, name):
+    # `registry import w.pt --builder mesh_gpt` recorded no modality: every mesh command said "is a text model".
+    # safetensors: a tied head is stored once (a registry entry's model.safetensors, safetensors' save_model): the
+    # import said "does not fit builder mesh_gpt: missing key decoder.output.weight" (only `output.weight` was known)
     from tests.mesh.mesh_fixtures import tiny_mesh_model
 
     model = tiny_mesh_model()
-    torch.save(model.state_dict(), tmp_path / "w.pt")
+    assert model.decoder.output.weight is model.decoder.tok_embeddings.weight
+    save(model, tmp_path / name)
     (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
-    r = invoke("registry", "import", tmp_path / "w.pt", "--name", "my-mesh", "--builder", "mesh_gpt",
+    r = invoke("registry", "import", tmp_path / name, "--name", "my-mesh", "--builder", "mesh_gpt",
                "--kwargs", tmp_path / "kw.json")
     assert r.exit_code == 0, r.output
     r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
@@ -291,24 +305,6 @@ def test_an_imported_mesh_backbone_is_a_mesh_model(tiny, tmp_path):
     # its vocabulary is recorded as a trained backbone's is (heads trained on it are checked against it): it was null
     r = invoke("registry", "show", "my-mesh")
     assert json.loads(r.stdout)["vocab_size"] == model.vocab_size, r.output
-
-
-def test_a_tied_mesh_backbones_safetensors_import(tiny, tmp_path):
-    # a tied head is stored once in safetensors (a registry entry's model.safetensors, safetensors' save_model): the
-    # import said "does not fit builder mesh_gpt: missing key decoder.output.weight" (only `output.weight` was known)
-    from safetensors.torch import save_model
-
-    from tests.mesh.mesh_fixtures import tiny_mesh_model
-
-    model = tiny_mesh_model()
-    assert model.decoder.output.weight is model.decoder.tok_embeddings.weight
-    save_model(model, str(tmp_path / "w.safetensors"))
-    (tmp_path / "kw.json").write_text(json.dumps(model.builder_kwargs()))
-    r = invoke("registry", "import", tmp_path / "w.safetensors", "--name", "my-mesh", "--builder", "mesh_gpt",
-               "--kwargs", tmp_path / "kw.json")
-    assert r.exit_code == 0, r.output
-    r = invoke("generate", "--method", "ar", "--model", "my-mesh", "--num", "1", "max_new_tokens=4", "--format", "json")
-    assert r.exit_code == 0 and json.loads(r.stdout)["model"] == "target/my-mesh", r.output
 
 
 def test_benchmark_meshes_json(tiny):

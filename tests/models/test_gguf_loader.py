@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -149,15 +150,21 @@ def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_p
         load_gguf(tmp_path / "bad.gguf")
 
 
-@pytest.mark.parametrize("arch,rotary,error", [("qwen2", 4, UsageError), ("phi3", 3, CheckpointError)])
-def test_partial_rope_other_than_phi3s_even_dims_is_refused(arch, rotary, error, tmp_path):
-    """Partial RoPE loads for phi3, the one architecture transformers computes it for (Phi-4-mini); elsewhere, or over
-    an odd number of dims, one line names it."""
+@pytest.mark.parametrize("arch,rotary,error,needle", [
+    ("qwen2", 4, UsageError, "qwen2.rope.dimension_count=4 for a head size of 8"),
+    ("qwen2", 12, UsageError, "qwen2.rope.dimension_count=12 for a head size of 8"),
+    ("phi3", 3, CheckpointError, "3 of 8 dims"),
+    # 0 rotary dims: the model's rope_dim 0 reads as whole heads, which decoded this file silently wrong
+    ("phi3", 0, UsageError, "phi3.rope.dimension_count=0 for a head size of 8"),
+])
+def test_partial_rope_other_than_phi3s_even_dims_is_refused(arch, rotary, error, needle, tmp_path):
+    """Partial RoPE loads for phi3, the one architecture transformers computes it for (Phi-4-mini); elsewhere, over
+    an odd number of dims or over none, one line names it."""
     theirs = hf_model("Phi3ForCausalLM" if arch == "phi3" else "Qwen2ForCausalLM", pad_token_id=0)
     theirs.save_pretrained(tmp_path / "hf")
     cfg, state = load_hf_folder(tmp_path / "hf")
     write_gguf(tmp_path / "p.gguf", cfg, state, arch=arch, rope_dimension_count=rotary)
-    with pytest.raises(error, match="dimension_count=4 below the head size 8" if rotary == 4 else "3 of 8 dims"):
+    with pytest.raises(error, match=re.escape(needle)):
         load_gguf(tmp_path / "p.gguf")
 
 

@@ -211,7 +211,7 @@ def raw_llama(**over) -> dict:
     (dict(hidden_act="gelu"), "hidden_act"),
     (dict(attention_bias=True), "attention_bias"),
     (dict(mlp_bias=True), "mlp_bias"),
-    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),  # transformers' Llama rotates whole heads
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),  # transformers' Llama: not partial RoPE
     (dict(architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.4), "partial_rotary_factor"),  # 3 of 8 dims
     (dict(quantization_config={"quant_method": "fp8"}), "quantization_config"),
     (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}), "short_factor"),
@@ -229,6 +229,15 @@ def test_refusals_name_the_key(over, named):
         hf_config(raw_llama(**over))
     message = str(err.value)
     assert named in message and "\n" not in message
+
+
+@pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])
+def test_a_phi3_partial_rotary_factor_of_no_even_dims_says_which_it_needs(factor, dims):
+    """A factor giving an odd count, none or more than a head's dims is refused with the count and what it must be
+    (0 and 12 dims were each called 'not an even number')."""
+    with pytest.raises(UsageError, match=rf"rotates {dims} of a head's 8 dims; partial RoPE needs an even number of "
+                                         r"them from 2 to 8"):
+        hf_config(raw_llama(architectures=["Phi3ForCausalLM"], partial_rotary_factor=factor))
 
 
 def test_untied_checkpoint_without_head_is_refused(tmp_path):
