@@ -22,30 +22,47 @@ class SamplingParams:
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities [..., V] (float32) after temperature, top-k and top-p filtering; greedy: the argmax's one-hot."""
+    """Probabilities [..., V] (float32) after temperature, top-k and top-p filtering; greedy: the argmax's one-hot.
+    Each row on its own: a row's probabilities never depend on the rows beside it (a batch's, a tree's padding)."""
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        top = logits.topk(params.top_k, dim=-1)  # values/indices [..., k], sorted descending
-        kth = top.values[..., -1:]
-        keep = logits >= kth  # [..., V]; ties with the k-th value are kept
-        if bool((keep.sum(-1) == params.top_k).all()):  # no ties: filter the k sorted values only, in O(V)
-            p = top.values.softmax(-1)  # [..., k], descending
-            if params.top_p < 1.0:
-                p = p.masked_fill(p.cumsum(-1) - p >= params.top_p, 0.0)
-                p = p / p.sum(-1, keepdim=True)
-            return torch.zeros_like(logits).scatter(-1, top.indices, p)
-        logits = logits.masked_fill(~keep, float("-inf"))
-    probs = logits.softmax(-1)
+        return top_k_probs(logits, params)
+    return top_p_probs(logits.softmax(-1), params.top_p)
+
+
+def top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Top-k, then top-p, probabilities [..., V] of tempered logits [..., V]. A row without ties at its k-th value
+    from its k sorted values alone, in O(V); a row with ties there (bfloat16 logits tie often) over every token tied
+    with the k-th: chosen per row, so a neighbour's ties never change a row's numbers."""
+    top = logits.topk(params.top_k, dim=-1)  # values/indices [..., k], sorted descending
+    keep = logits >= top.values[..., -1:]  # [..., V]; ties with the k-th value are kept
+    p = top.values.softmax(-1)  # [..., k], descending
     if params.top_p < 1.0:
-        sorted_p, idx = probs.sort(-1, descending=True)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each entry
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
+        p = cut_sorted(p, params.top_p)
+        p = p / p.sum(-1, keepdim=True)
+    probs = torch.zeros_like(logits).scatter(-1, top.indices, p)
+    tied = keep.sum(-1) > params.top_k  # [...]: rows whose k-th value is tied
+    if bool(tied.any()):
+        probs[tied] = top_p_probs(logits[tied].masked_fill(~keep[tied], float("-inf")).softmax(-1), params.top_p)
     return probs
+
+
+def top_p_probs(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [..., V] cut to the smallest most-likely set of mass >= top_p, renormalised (1: as given)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(-1, descending=True)
+    probs = torch.zeros_like(probs).scatter(-1, idx, cut_sorted(sorted_p, top_p))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def cut_sorted(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Descending probabilities [..., n] with each entry after mass >= top_p zeroed (not renormalised)."""
+    before = sorted_p.cumsum(-1) - sorted_p  # mass strictly before each entry
+    return sorted_p.masked_fill(before >= top_p, 0.0)
 
 
 def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

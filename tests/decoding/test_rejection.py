@@ -76,3 +76,19 @@ def test_top_p_top_k_filtering():
     torch.testing.assert_close(probs, torch.tensor([0.625, 0.375, 0.0, 0.0]))
     probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=1))
     torch.testing.assert_close(probs, torch.tensor([1.0, 0.0, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_a_rows_filtered_probabilities_do_not_depend_on_the_rows_beside_it(top_p):
+    """Top-k decides per row whether ties at the k-th value widen it: a neighbour with ties (bfloat16 logits tie
+    often; a batch's other rows, a tree's padding) must not change a row's probabilities, bit for bit."""
+    params = SamplingParams(temperature=1.0, top_k=5, top_p=top_p)
+    tied = torch.tensor([3.0, 2, 1, 1, 1, 1, 0] + [-5.0] * 57, dtype=torch.bfloat16)  # its 5th value tied thrice
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(20, 64, generator=g).to(torch.bfloat16)  # no ties at their 5th value (checked)
+    assert all(int((r >= r.topk(5).values[-1]).sum()) == 5 for r in rows)
+    alone = torch.stack([logits_to_probs(r, params) for r in rows])  # [20, V]
+    beside = logits_to_probs(torch.stack([tied, *rows]), params)  # [21, V]
+    assert torch.equal(beside[1:], alone)
+    assert torch.equal(beside[0], logits_to_probs(tied, params)) and int((beside[0] > 0).sum()) > 1
+    assert torch.equal(logits_to_probs(torch.stack([tied, *rows]).view(3, 7, 64), params).view(21, 64), beside)

@@ -40,6 +40,20 @@ def test_lossless_xspecmesh_in_bf16_is_bf16_greedy_ar(clouds):
         assert xs == ar, batch_size
 
 
+def test_sampled_bf16_ar_meshes_do_not_depend_on_their_batch():
+    """bfloat16 logits tie often at the top-k cut: a neighbour's ties must not change a mesh's filtered distribution
+    (BPT's sampling, T 1 here); mesh 3 drew another token at step 11 beside a tied row before per-row top-k."""
+    model, clouds = tiny_mesh_model().to(BF16), procedural_clouds(range(11, 16))
+    params = SamplingParams(1.0, 50, 0.95)
+
+    def decode(indices, batch_size):
+        gens = [torch.Generator().manual_seed(3 + i) for i in indices]
+        return [r.tokens for r in MeshDecoder(model, None).generate_batch([clouds[i] for i in indices], params, 50,
+                                                                          None, gens, None, batch_size)]
+
+    assert decode(range(5), 3) == [decode([i], 1)[0] for i in range(5)]
+
+
 def test_bf16_mesh_target_runs_in_bf16(clouds):
     from specgen.mesh.target import MeshTarget
 
