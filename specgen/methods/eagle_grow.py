@@ -89,9 +89,9 @@ class Children:
                                            at)
             return values, tokens
         guided_logits = guided(logits, self.scale) if self.branches == 2 else logits  # [n, S, V]
-        top = guided_logits.float().log_softmax(-1).topk(k, dim=-1)
-        values.copy_(top.values if scores is None else scores[..., None] + top.values)
-        return values, tokens.copy_(top.indices)
+        top, index = top_in_index_order(guided_logits.float().log_softmax(-1), k)  # [n, S, k] each
+        values.copy_(top if scores is None else scores[..., None] + top)
+        return values, tokens.copy_(index)
 
 
 @dataclass(frozen=True)
@@ -185,12 +185,24 @@ def best_children(frame: Frame, recorded: int, width: int, nxt: int, branches: i
     """`beam`'s ranking in torch's ops (its scores, parents and tokens)."""
     n, block = frame.scores.shape[0], slice(recorded, recorded + width * width)
     cand, tokens, pad = (x[:, block] for x in (frame.scores, frame.tokens, frame.padding))  # [n, W * W]
-    best = cand.masked_fill(pad, float("-inf")).topk(nxt, dim=-1)  # [n, nxt]
+    # ties in slot order: child c of frontier node j ranks by (j, c) at whatever width W the batch pads the row to
+    best, index = top_in_index_order(cand.masked_fill(pad, float("-inf")), nxt)  # [n, nxt] each
     f_tok = tokens[:, None].expand(-1, branches, -1).gather(  # each cache row's: one gather
-        2, best.indices[:, None].expand(-1, branches, -1)).flatten(0, 1)
+        2, index[:, None].expand(-1, branches, -1)).flatten(0, 1)
     after = recorded + width * width
-    frame.parents[:, after : after + nxt * nxt].view(n, nxt, nxt).copy_((recorded + best.indices)[..., None])
-    return best.values, best.indices // width, f_tok
+    frame.parents[:, after : after + nxt * nxt].view(n, nxt, nxt).copy_((recorded + index)[..., None])
+    return best, index // width, f_tok
+
+
+def top_in_index_order(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest of float32 x [..., N], best first, ties in index order (the CUDA kernels' rank_key): values and
+    indices [..., k]. A row's picks depend on its own values alone, where topk's order among ties (bfloat16 scores tie
+    often) follows N and k, which a batch sets: its widest row's."""
+    bits = (x + 0.0).view(torch.int32)  # -0.0 as 0.0: equal floats tie
+    ordered = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).long()  # ordered as the floats (a negative's magnitude flipped)
+    key = (ordered << 32) + (0x7FFFFFFF - torch.arange(x.shape[-1], device=x.device))  # distinct: no ties
+    index = key.topk(k, dim=-1).indices
+    return x.gather(-1, index), index
 
 
 @dataclass(frozen=True)

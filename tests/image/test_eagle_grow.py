@@ -8,6 +8,7 @@ import traceback
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
@@ -18,7 +19,8 @@ from specgen.methods import run_batch
 from specgen.decoding.verify import tree_inputs, verify_batch
 from specgen.methods.eagle import EagleTreeDrafter, TreeVerify
 from specgen.methods.vvs import VVSBatch
-from specgen.methods.eagle_grow import GrownTrees, GrowPlan, TreeShape, best_nodes, in_slot_order
+from specgen.methods.eagle_grow import (Frame, GrownTrees, GrowPlan, TreeShape, best_children, best_nodes,
+                                       in_slot_order, top_in_index_order)
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -60,6 +62,37 @@ def test_batched_trees_are_the_trees_each_row_grows_alone(method, monkeypatch):
     run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32)
     assert any(len(d.tokens) > 3 for seen in alone for d in seen)  # the trees branch and go deep
     assert [made[i].seen for i in range(len(labels))] == alone
+
+
+def tied_level(ks: list[int], width: int, nxt: int) -> Frame:
+    """A record holding one level at column 0: rows of top-k `ks` in a width x width block (child c of frontier node
+    j at j * width + c, token 10 j + c), children 2i and 2i + 1 tied (bfloat16 scores tie), then room for the next
+    level's parents."""
+    j, c = torch.arange(width).repeat_interleave(width), torch.arange(width).repeat(width)
+    k = torch.tensor(ks)[:, None]
+    padding = torch.cat([(j >= k) | (c >= k), torch.ones(len(ks), nxt * nxt, dtype=torch.bool)], 1)
+    scores = F.pad(-(c // 2).float(), (0, nxt * nxt)).expand(len(ks), -1).contiguous()
+    tokens = F.pad(10 * j + c, (0, nxt * nxt)).expand(len(ks), -1).contiguous()
+    return Frame(padding, torch.full_like(tokens, -1), scores, tokens)
+
+
+@pytest.mark.parametrize("nxt", [2, 3])
+def test_a_beam_keeps_tied_children_in_slot_order_at_any_frontier_width(nxt):
+    """Which tied children a row keeps, and their order (the siblings sampled acceptance tries in turn), must not
+    depend on the width its batch pads its frontier to: ties keep slot order (the CUDA kernel's rank_key's)."""
+    alone = best_children(tied_level([3], 3, nxt), 0, 3, nxt, 1)
+    beside = best_children(tied_level([3, 5], 5, nxt), 0, 5, nxt, 1)  # padded to a wider neighbour's frontier
+    assert [x.tolist() for x in alone] == [x[:1].tolist() for x in beside]
+    assert alone[2].tolist() == [[0, 1, 10][:nxt]] and alone[1].tolist() == [[0, 0, 1][:nxt]]
+
+
+def test_top_in_index_order_ranks_ties_by_index_whatever_k():
+    """A drafter node's children (k: the batch's widest row's) and a beam keep ties in index order, -inf last."""
+    x = torch.tensor([-1.0, -2, -1, float("-inf"), -1, -2, 0.5, -0.0, 0.0, -1]).bfloat16().float()[None].repeat(2, 1)
+    want = sorted(range(10), key=lambda i: (-float(x[0, i]), i))
+    for k in range(1, 11):
+        values, index = top_in_index_order(x, k)
+        assert index.tolist() == [want[:k]] * 2 and torch.equal(values, x.gather(1, index))
 
 
 def select_nodes(tokens: list[int], parents: list[int], scores: list[float], total: int) -> Draft:

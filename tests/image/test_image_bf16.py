@@ -45,6 +45,23 @@ def test_lossless_image_methods_in_bf16_equal_bf16_ar(method, cfg_scale):
     check_lossless(model, TinyEagle(model).eval().to(BF16), method, cfg_scale)
 
 
+def test_sampled_bf16_adt_tree_images_do_not_depend_on_their_batch():
+    """A row's tree in a batch is the one it grows alone (docs/batching.md), also where bfloat16 path scores tie: an
+    image's tried siblings, so its sampled tokens, once followed its neighbours' frontier widths (image 3 here)."""
+    model = tiny_image_gpt(5).to(BF16)
+    target = CFGTarget(model, 1.0)
+    parts = ImageParts(model, target, TinyEagle(model).eval().to(BF16), None, GRID)
+    labels = [0, 2, 1, 1, 2]
+
+    def decode(indices, batch_size):
+        gens = [torch.Generator().manual_seed(i) for i in indices]
+        return [r.tokens for r in run_batch(target, lambda i: build_image_method("adt-tree", parts, {})[0],
+                                            [[labels[i]] for i in indices], GRID * GRID, SamplingParams(1.0),
+                                            generators=gens, batch_size=batch_size, max_draft=32).results]
+
+    assert decode(range(5), 3) == [decode([i], 1)[0] for i in range(5)]
+
+
 def test_bf16_target_runs_in_bf16():
     model = tiny_image_gpt(5).to(BF16)
     target = CFGTarget(model, 3.0)
