@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import math
+import os
 from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -55,9 +58,37 @@ def find(name: str, progress: Progress = None) -> Entry:
     if entry.corrupt and shipped is None:
         raise CheckpointError(f"corrupt entry {entry.ref} ({entry.corrupt}); remove it with `specgen registry remove "
                               f"{entry.ref}` and import it again")
-    if shipped is not None and (entry.corrupt or not entry.installed or stale_builtin(entry, shipped)):
-        shipped.materialize(progress)  # missing, damaged, or the package ships other weights now
+    if shipped is not None and unmade(entry, shipped):
+        with making():  # processes starting at once on an empty home: the first makes it, the others then find it
+            if unmade(next(e for e in list_entries(entry.kind) if e.ref == entry.ref), shipped):
+                shipped.materialize(progress)
     return marked(entry_at(entry.path))
+
+
+def unmade(entry: Entry, shipped) -> bool:
+    """Whether built-in `shipped` is to be made: missing, damaged, or the package ships other weights now."""
+    return bool(entry.corrupt) or not entry.installed or stale_builtin(entry, shipped)
+
+
+MAKING: ContextVar[bool] = ContextVar("specgen_making_builtin", default=False)
+
+
+@contextlib.contextmanager
+def making() -> Iterator[None]:
+    """An exclusive flock of the checkpoint store while built-ins are made (re-entered by a derived one making its
+    base), so one process makes each while the others wait: none replaces an entry another is reading."""
+    if MAKING.get():
+        yield
+        return
+    registry.check_store()  # a home that cannot be written: the one line `save` would give
+    registry.checkpoints_dir().mkdir(parents=True, exist_ok=True)
+    fd, token = os.open(registry.checkpoints_dir(), os.O_RDONLY), MAKING.set(True)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        MAKING.reset(token)
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def find_linked(entry: Entry, name: str, role: str, progress: Progress = None) -> Entry:

@@ -48,6 +48,7 @@ def check_output_dir(folder: Path) -> None:
 
 
 PROBE_BYTES = 64 * 1024  # a probe the size of a few result rows: a device this full fails the real write too
+PROBE_PREFIX = ".specgen-probe-"
 ADVICE = {errno.ENOSPC: "free some space or write elsewhere", errno.EDQUOT: "free some of your quota or write "
           "elsewhere", errno.EROFS: "it is read-only: write elsewhere", errno.EACCES: "write elsewhere",
           errno.EPERM: "write elsewhere"}
@@ -57,7 +58,7 @@ def check_space(folder: Path, what: str) -> None:
     """Refuse, before any work, a folder where a probe file cannot be written and synced (full device, quota,
     read-only mount, permissions the mode bits do not show)."""
     try:
-        with tempfile.TemporaryFile(dir=folder, prefix=".specgen-probe-", buffering=0) as f:
+        with tempfile.TemporaryFile(dir=folder, prefix=PROBE_PREFIX, buffering=0) as f:
             f.write(bytes(PROBE_BYTES))
             os.fsync(f.fileno())
     except OSError as e:

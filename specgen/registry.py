@@ -280,10 +280,15 @@ def check_new(kind: str, name: str, force: bool = False, builtin: bool = False) 
     check_name(name)
     if not builtin and name in RESERVED:
         raise UsageError(f"'{name}' is a built-in entry and is never replaced; choose another name")
-    check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")  # a file, unwritable or full: before converting
+    check_store()
     folder = checkpoints_dir() / kind / name
     if not force and folder.exists() and not own_checkpoint(folder):
         raise UsageError(f"{kind}/{name} already exists; choose another name or pass --force to replace it")
+
+
+def check_store() -> None:
+    """A registry home that is a file, unwritable or full is one line, before any converting."""
+    check_folder(checkpoints_dir(), f"SPECGEN_HOME {home()}")
 
 
 #: Names reserved by the embedded defaults (filled by `specgen.builtins` when it is imported).

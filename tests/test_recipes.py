@@ -138,3 +138,18 @@ def test_the_slurm_array_job_names_the_run_s_shard_count(tmp_path):
     task = {"PATH": env["PATH"], **passed, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "1"}  # resubmitted
     subprocess.run(["bash", str(tmp_path / "job-0.sh")], env=task, check=True, capture_output=True)
     assert "--shard 2/4" in (tmp_path / "args").read_text()
+
+
+def test_the_slurm_array_job_s_logs_leave_the_run_folder_to_the_run(tmp_path):
+    """slurm-benchmark.sh made its log folder inside RUN_DIR before any task ran, so every array task found a folder
+    of files and no run.json and was refused (`--run-dir ... holds files of no specgen run (slurm)`)."""
+    import subprocess
+
+    from specgen.eval.run_dir import RunDir
+
+    (tmp_path / "sbatch").write_text("#!/bin/bash\ncat > /dev/null\necho 1\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "RECIPE": "r.yaml", "RUN_DIR": str(tmp_path / "run/")}
+    subprocess.run(["bash", str(ROOT / "recipes/full/slurm-benchmark.sh")], env=env, check=True, capture_output=True)
+    RunDir.check_place(tmp_path / "run")  # what each task's `specgen benchmark --run-dir` checks first
+    assert (tmp_path / "run.slurm").is_dir()  # the logs beside it

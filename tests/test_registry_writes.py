@@ -3,6 +3,7 @@ entries, built-ins re-created from the package."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,6 +11,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -202,6 +205,25 @@ def test_a_builtin_this_build_cannot_make_is_listed_with_why(specgen_home):
     rows = {x["ref"]: x for x in json.loads(CliRunner().invoke(app, ["registry", "list", "--format", "json"]).stdout)}
     assert rows["target/smollm2-135m-cllm"]["status"] == f"cannot be made here: {why}"
     assert rows["classifier/tiny-image-classifier"]["status"] == "ok"  # shipped, made on first use
+
+
+def test_processes_starting_at_once_make_a_builtin_once(specgen_home, monkeypatch):
+    """torchrun ranks on an empty home: one makes the built-in, the others wait for it and read that entry; none
+    replaces it under a process already reading it (a reader in the swap finds no config.json or weights)."""
+    from specgen.builtins import BUILTINS, materialize_asset
+
+    made = []
+
+    def slow(progress):  # a conversion that takes a while, as SmolLM2's GGUF does
+        made.append(1)
+        time.sleep(0.5)
+        materialize_asset("vq", "tiny-image-vq", "image/vq", progress)
+
+    monkeypatch.setitem(BUILTINS, "tiny-image-vq", dataclasses.replace(BUILTINS["tiny-image-vq"], materialize=slow))
+    with ThreadPoolExecutor(3) as pool:  # each thread its own flock, as each process has
+        files = list(pool.map(lambda _: checkpoints.find("tiny-image-vq").path / "model.safetensors", range(3)))
+    assert len(made) == 1
+    assert len({f.stat().st_ino for f in files}) == 1
 
 
 def test_a_damaged_builtin_is_recreated_from_the_package(specgen_home):

@@ -23,14 +23,15 @@ SHARDS=${SHARDS:-8}
 TIME=${TIME:-04:00:00}
 VENV=${VENV:-.venv}
 SBATCH_ARGS=${SBATCH_ARGS:-}
-mkdir -p "$RUN_DIR/slurm"
+LOGS="${RUN_DIR%/}.slurm"  # beside the run folder: a run starts only in a new or empty folder (or its own)
+mkdir -p "$LOGS"
 
 # The array: task I runs shard I of SHARDS (SLURM_ARRAY_TASK_ID is 0-based with --array=0-(N-1)). The count is
 # SHARDS, not SLURM_ARRAY_TASK_COUNT, which is 1 when a failed task is resubmitted alone (--array=I).
 # shellcheck disable=SC2086
 ARRAY_JOB=$(sbatch --parsable $SBATCH_ARGS \
   --job-name=specgen-bench --array="0-$((SHARDS - 1))" --gres=gpu:1 --cpus-per-task=8 --mem=64G --time="$TIME" \
-  --output="$RUN_DIR/slurm/shard-%a.out" \
+  --output="$LOGS/shard-%a.out" \
   --export=ALL,RECIPE="$RECIPE",RUN_DIR="$RUN_DIR",VENV="$VENV",SHARDS="$SHARDS" <<'EOF'
 #!/usr/bin/env bash
 set -euo pipefail
@@ -45,7 +46,7 @@ echo "submitted array job $ARRAY_JOB ($SHARDS shards of $RECIPE)"
 # shellcheck disable=SC2086
 REPORT_JOB=$(sbatch --parsable $SBATCH_ARGS \
   --job-name=specgen-report --dependency="afterok:$ARRAY_JOB" --cpus-per-task=2 --mem=8G --time=00:30:00 \
-  --output="$RUN_DIR/slurm/report.out" \
+  --output="$LOGS/report.out" \
   --export=ALL,RUN_DIR="$RUN_DIR",VENV="$VENV" <<'EOF'
 #!/usr/bin/env bash
 set -euo pipefail
@@ -53,4 +54,4 @@ set -euo pipefail
 specgen benchmark report "$RUN_DIR"
 EOF
 )
-echo "submitted report job $REPORT_JOB (after $ARRAY_JOB): $RUN_DIR/slurm/report.out"
+echo "submitted report job $REPORT_JOB (after $ARRAY_JOB): $LOGS/report.out"
