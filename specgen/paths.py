@@ -49,6 +49,7 @@ def check_output_dir(folder: Path) -> None:
 
 PROBE_BYTES = 64 * 1024  # a probe the size of a few result rows: a device this full fails the real write too
 PROBE_PREFIX = ".specgen-probe-"
+IN_FLIGHT = (PROBE_PREFIX, ".nfs")  # another process's space probe (`written_elsewhere`)
 ADVICE = {errno.ENOSPC: "free some space or write elsewhere", errno.EDQUOT: "free some of your quota or write "
           "elsewhere", errno.EROFS: "it is read-only: write elsewhere", errno.EACCES: "write elsewhere",
           errno.EPERM: "write elsewhere"}
@@ -182,9 +183,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], None], *, keep_suffix
 
 
 def written_elsewhere(entry: Path, name: str) -> bool:
-    """Whether `entry` is an `atomic_write` temporary of a file `name` beside it: another process's write in flight
-    (a data-parallel run's ranks all write their run record), no other program's file."""
-    return entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")
+    """Whether `entry` is another process's file in flight, no other program's: an `atomic_write` temporary of a file
+    `name` beside it (a data-parallel run's ranks, a Slurm array's tasks, all write their run record) or a space
+    probe (`check_space`: a named file where the filesystem has no O_TMPFILE; NFS renames an open one `.nfs` and a
+    hex id until it is closed)."""
+    return (entry.name.startswith(f".{name}.") and entry.name.endswith(".tmp")) or entry.name.startswith(IN_FLIGHT)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, **kw) -> Path:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from specgen.errors import UsageError
-from specgen.paths import PROBE_PREFIX, atomic_write_text, check_space, nearest_existing, write_new
+from specgen.paths import atomic_write_text, check_space, nearest_existing, write_new, written_elsewhere
 
 FORMAT = 1  # run.json layout version
 SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
@@ -96,18 +96,14 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
 
 
-STARTING = (".run.json.", PROBE_PREFIX, ".nfs")  # a starting shard's temporaries: its run.json's, its space probe
-
-
 def other_files(path: Path) -> str:
     """The first few names in an existing folder that holds no run.json ("" when it has one, is empty or is missing):
     a run folder starts with its run.json, so anything else there is not a run's. Listed before run.json is looked
-    for, so a shard that starts the run meanwhile (run.json and its temporary first, then its files) is no stranger,
-    nor is its space probe (`check_space`: named where the filesystem has no O_TMPFILE, and NFS keeps it as .nfsXXXX
-    until it is closed)."""
+    for, so a shard that starts the run meanwhile (its run.json's temporary and its space probe first, then its files)
+    is no stranger (`written_elsewhere`)."""
     if not path.is_dir():
         return ""
-    names = sorted(e.name for e in path.iterdir() if e.name != "run.json" and not e.name.startswith(STARTING))
+    names = sorted(e.name for e in path.iterdir() if e.name != "run.json" and not written_elsewhere(e, "run.json"))
     if not names or (path / "run.json").exists():
         return ""
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -934,8 +934,8 @@ def test_a_run_dir_may_be_empty_or_a_runs_and_a_starting_shards_temporary_is_no_
 @pytest.mark.parametrize("probe", [".specgen-probe-k2j4h1", ".nfs000000000a1b2c3d00000001"])
 def test_another_shards_space_probe_is_no_stranger(tmp_path, probe):
     """Array tasks starting at once in a folder made for them: a task's space probe (`check_space`), where the
-    filesystem has no O_TMPFILE, is a named file until it closes (NFS keeps it as .nfsXXXX), and the task listing the
-    folder then was refused ('holds files of no specgen run (.nfs...)')."""
+    filesystem has no O_TMPFILE, is a named file until it closes (NFS renames it .nfs and a hex id), and the task
+    listing the folder then was refused ('holds files of no specgen run (.nfs...)')."""
     from specgen.eval.run_dir import RunDir
 
     (tmp_path / "run").mkdir()
