@@ -79,9 +79,8 @@ class EagleTreeDrafter(DrafterBase):
 
     def step_policy(self, make: Callable[[int], "EagleTreeDrafter"], target, rule, budget) -> DraftVerify:
         """Draft-verify over the DrafterPool that grows every live row's tree together (`EagleBatch` below)."""
-        pool = EagleBatch(make)
-        pool.max_feed = self.policy.largest.total_tokens  # a whole tree at any draft depth: the loop's cache holds it
-        return TreeVerify(pool, rule, budget)
+        # a whole tree at any draft depth: the loop's cache holds its policy's largest
+        return TreeVerify(EagleBatch(make, self.policy.largest.total_tokens), rule, budget)
 
 
 class TreeVerify(DraftVerify):
@@ -120,8 +119,8 @@ class TreeVerify(DraftVerify):
 class EagleBatch(PoolBase):
     """DrafterPool over `make(index)` -> EagleTreeDrafter (each row's policy and state; the net runs batched)."""
 
-    def __init__(self, make: Callable[[int], EagleTreeDrafter], skip_ar_steps: bool = True) -> None:
-        self.make = make
+    def __init__(self, make: Callable[[int], EagleTreeDrafter], max_feed: int = 0, skip_ar_steps: bool = True) -> None:
+        self.make, self.max_feed = make, max_feed  # max_feed: the most nodes of a tree (`DrafterPool.max_feed`)
         # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
         self.skip_ar_steps = skip_ar_steps
 
