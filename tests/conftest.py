@@ -13,7 +13,7 @@ import typer.testing
 
 from specgen import native
 from specgen.methods import METHODS, run_batch
-from specgen.models import packed_linear
+from specgen.models import packed_linear, plan_cache
 from specgen.models.quantize import QuantizedLinear, dequantize_int4, dequantize_int8
 from specgen.models.transformer import Transformer, TransformerConfig
 from tests import startup_checks
@@ -65,6 +65,13 @@ def specgen_home(tmp_path, monkeypatch):
     home = tmp_path / "specgen_home"
     monkeypatch.setenv("SPECGEN_HOME", str(home))
     return home
+
+
+@pytest.fixture(autouse=True)
+def measured_as_quiet(monkeypatch):
+    """Plans and cost curves are stored whatever else the machine runs (the suite's workers share its cores): only the
+    tests of that judgement (`plan_cache.timed_quietly`) set the share a stored measurement needs."""
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)
 
 
 @pytest.fixture(scope="session")

@@ -104,8 +104,9 @@ def key(module: nn.Module) -> str | None:
 
 
 def stored_or_measured(module: nn.Module) -> CostCurve:
-    """The curve stored under `key(module)`, else measured (and stored where it has a key and is `plausible`); a
-    missing entry, one that does not parse or an implausible one is measured and replaced."""
+    """The curve stored under `key(module)`, else measured (and stored where it has a key, is `plausible` and was
+    timed on a quiet machine: `plan_cache.timed_quietly`); a missing entry, one that does not parse or an implausible
+    one is measured and replaced."""
     k = key(module)
     stored = plan_cache.read(path()).get(k) if k else None
     try:
@@ -114,9 +115,10 @@ def stored_or_measured(module: nn.Module) -> CostCurve:
             return CostCurve(rows, cost)
     except (TypeError, KeyError, ValueError):
         pass
-    curve = measure_cost(module)
-    curve = curve if plausible(curve) else measure_cost(module)  # once more: the machine was busy
-    if k is not None and plausible(curve):  # kept for every later start: never a busy machine's
+    curve, quiet = plan_cache.timed_quietly(lambda: measure_cost(module))
+    if not plausible(curve):  # once more: the machine was busy
+        curve, quiet = plan_cache.timed_quietly(lambda: measure_cost(module))
+    if k is not None and quiet and plausible(curve):  # kept for every later start: never a busy machine's
         plan_cache.add(path(), k, {"rows": list(curve.rows), "cost": list(curve.cost)})
     return curve
 

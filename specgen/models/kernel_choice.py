@@ -223,12 +223,15 @@ def describe() -> str:
 
 
 def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
-    """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured and stored."""
+    """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured (and stored
+    when the machine was quiet)."""
     k = plan_cache.key(signature, threads)
     if (stored := plan_cache.load(k)) is not None:
         return Plan(*stored)
-    plan = time_passes(linears).plan
-    plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # a tuple: a JSON list
+    timing, quiet = plan_cache.timed_quietly(lambda: time_passes(linears))
+    plan = timing.plan
+    if quiet:  # a busy machine's plan is this process's alone (`timed_quietly`)
+        plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # tuple: JSON list
     return plan
 
 
@@ -244,9 +247,13 @@ class KernelChoice:
 
     def known(self) -> bool:
         """Whether the plan at this thread count needs no timing: pinned, measured in this process, or stored."""
-        threads = torch.get_num_threads()
-        return (self.fixed is not None or (self.signature, threads) in _MEASURED
-                or plan_cache.load(plan_cache.key(self.signature, threads)) is not None)
+        return self.kept() or (self.signature, torch.get_num_threads()) in _MEASURED
+
+    def kept(self) -> bool:
+        """Whether every start reads the plan at this thread count: pinned or stored (a busy machine's measurement is
+        neither, and what a load lays out for it is not kept either: `layout_cache.plan_of`)."""
+        return self.fixed is not None or plan_cache.load(plan_cache.key(self.signature,
+                                                                         torch.get_num_threads())) is not None
 
     def plan(self) -> Plan:
         """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""

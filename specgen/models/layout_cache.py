@@ -80,10 +80,11 @@ def on_disk(t: torch.Tensor) -> torch.Tensor:
 
 
 def plan_of(module: nn.Module) -> str | None:
-    """The kernel plan its PackedLinears share ('' without any), None while it still needs timing."""
+    """The kernel plan its PackedLinears share ('' without any), None while it still needs timing or is not kept (a
+    busy machine's: the next start measures again, and would not read a layout made for it)."""
     if (choice := next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)) is None:
         return ""
-    return repr(choice.plan()) if choice.known() else None
+    return repr(choice.plan()) if choice.kept() else None
 
 
 def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Path, str] | None:

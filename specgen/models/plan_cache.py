@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 import warnings
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -15,6 +17,10 @@ from specgen.native import cpu_signature
 from specgen.paths import atomic_write_text
 
 FILE = "kernel-plans.json"
+#: The least share of a core a measurement's thread may get and still be stored: quiet ~0.99, beside two busy
+#: processes on two cores ~0.6 (a plan timed so picked other kernels and slowed every later start by ~40%).
+QUIET_SHARE = 0.9
+T = TypeVar("T")
 WARNED: set[str] = set()  # homes whose caches could not be written, warned about once
 
 
@@ -51,6 +57,17 @@ def load(k: str) -> tuple[int, tuple[int, int | None] | None] | None:
         return min_rows, None if native is None else (int(native[0]), None if native[1] is None else int(native[1]))
     except (TypeError, KeyError, IndexError, ValueError):
         return None
+
+
+def timed_quietly(measure: Callable[[], T]) -> tuple[T, bool]:
+    """`measure()`, and whether its thread kept its core (thread CPU time >= QUIET_SHARE of wall time). Other work
+    shows only as time taken from this thread, never in the timings themselves; a measurement made while it did is
+    used by this process but not stored, so the next start measures again. The calling thread takes part in every
+    timed product (OpenMP's first thread), so it alone tells."""
+    wall, cpu = time.perf_counter(), time.thread_time()
+    result = measure()
+    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    return result, cpu >= QUIET_SHARE * wall - 1e-3  # a millisecond's slack: a call that short cannot tell
 
 
 def add(file: Path, k: str, entry) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import weakref
 
 import pytest
@@ -74,6 +75,21 @@ def test_a_busy_machines_curve_is_measured_again_and_never_kept(monkeypatch):
     assert cost.cost_of(model) == busy and len(calls) == 3  # twice, both busy: used by this process only
     assert plan_cache.read(cost.path())[cost.key(model)]["cost"] == [1.0, 99.0, 99.0]  # not replaced by a busy one
     assert not cost.plausible(busy) and cost.plausible(cost.CostCurve((1, 2, 8), (1.0, 1.9, 7.5)))
+
+
+def test_a_curve_timed_while_its_thread_lost_the_core_is_used_and_not_stored(monkeypatch):
+    """A sleep in the timing is wall time the timing thread did not run, as when another process takes the core."""
+    calls = counted_measure(monkeypatch)
+    measure = cost.measure_cost
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
+    monkeypatch.setattr(cost, "measure_cost", lambda m: time.sleep(0.05) or measure(m))
+    model = tiny_model(0)
+    assert cost.cost_of(model).cost == (1.0, 1.4, 3.0) and len(calls) == 1 and not cost.path().exists()
+    new_process(monkeypatch)
+    monkeypatch.setattr(cost, "measure_cost", measure)
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
+    cost.cost_of(model)
+    assert len(calls) == 2 and plan_cache.read(cost.path())[cost.key(model)]["cost"] == [1.0, 1.4, 3.0]
 
 
 @pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import pickle
 import shutil
+import time
 
 import pytest
 import torch
@@ -65,6 +66,24 @@ def test_decode_layout_holds_native_everywhere_weights_once_with_the_same_produc
         outs = [ModelTarget(m).prefill(tokens, ModelTarget(m).new_cache(1, 32)).logits for m in (model, two_copies)]
         assert torch.equal(*outs)
         assert all(lin._tiled is not None for lin in two_copies.modules() if isinstance(lin, PackedLinear))
+
+
+def test_a_busy_machines_plan_lays_out_no_cached_weights(native_everywhere, monkeypatch):
+    """A plan timed while the timing thread lost its core (a sleep) is not stored, so no later start would read the
+    weights laid out for it: none are written; a quiet start stores both."""
+    model = tiny_model(2)
+    entry = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
+                                                                  "kwargs": model.cfg.to_dict()})
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
+    timing = kernel_choice.time_passes
+    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a: time.sleep(0.05) or timing(*a))
+    checkpoints.load_module(entry, decode=True)
+    assert native_everywhere == [1] and plan_cache.read() == {} and not list(layout_cache.folder().glob("*"))
+    kernel_choice._MEASURED.clear()
+    monkeypatch.setattr(kernel_choice, "time_passes", timing)
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
+    checkpoints.load_module(entry, decode=True)
+    assert native_everywhere == [1, 1] and plan_cache.read() and list(layout_cache.folder().glob("*.safetensors"))
 
 
 def test_a_decode_load_with_a_stored_plan_writes_weights_into_their_tiles(native_everywhere):
