@@ -137,6 +137,13 @@ def rows_rotation(rows: torch.Tensor, layout: str) -> Rotation:
     return Rotation(rows[:, None, :, 0], rows[:, None, :, 1], layout)
 
 
+def still(r: Rotation) -> Rotation:
+    """A rotation of `r`'s shape, dtype and layout that turns nothing: cos 1, sin 0, so each slot is x * 1 + partner *
+    0, which is x bit for bit (finite x): a layer without RoPE (SmolLM3's NoPE layers) through the same kernels."""
+    cos = torch.ones_like(r.cos[:, 0])  # [B, S, D]
+    return rows_rotation(torch.stack([cos, torch.zeros_like(cos)], 2), r.layout)  # rows [B, S, 2, D]
+
+
 def rotate(x: torch.Tensor, r: Rotation) -> torch.Tensor:
     """x [B, H, S, D] rotated: each pair (a, b) -> (a cos - b sin, b cos + a sin), computed as x * cos + partner(x) *
     sin, where partner(x) swaps the two slots of every pair. Bitwise the per-pair formula: b * (-sin) is -(b sin)

@@ -13,7 +13,7 @@ from specgen.models import kernel_choice
 from specgen.models.attention import NativePlan, chain_plan, native_plan
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import Rotation, rows_rotation
-from specgen.models.transformer import additive_mask
+from specgen.models.transformer import additive_mask, layer_rotations
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,8 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
-    rot = x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype), module.cfg.rope_layout)
+    rots = layer_rotations(module.cfg, x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype),
+                                                                   module.cfg.rope_layout))
     mask = step_attention(x, module.cfg, h, width)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     # each layer's condition K/V: the bucket's first R rows of the static buffer
@@ -172,10 +173,10 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     if native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None
         for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-            h, f = blk.deferred(h, f, rot, i, cache, mask, False, cond)
+            h, f = blk.deferred(h, f, rots[i], i, cache, mask, False, cond)
         return h, f
     for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-        h = blk(h, rot, i, cache, mask, False, cond)
+        h = blk(h, rots[i], i, cache, mask, False, cond)
     return h, None
 
 

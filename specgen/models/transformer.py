@@ -13,7 +13,8 @@ from specgen.models import kernel_choice, native_block
 from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
 from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
-from specgen.models.rope import PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, table_1d, table_2d
+from specgen.models.rope import (PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, still, table_1d,
+                                 table_2d)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class TransformerConfig:
     rope_scaling: dict | None = None  # 1D context extension, as HF's rope_parameters (models/rope.scaled_inv_freq)
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (weights [hd]) before RoPE
     rope_dim: int = 0  # > 0: partial RoPE (Phi-4-mini), only this many of a head's dims rotate (rope.spread_order)
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: the layers whose attention applies no RoPE (`layer_rotations`)
 
     def __post_init__(self) -> None:
         if self.num_classes and self.caption_dim:
@@ -53,6 +55,12 @@ class TransformerConfig:
                                   and self.rope_layout == "half" and not self.rope_grid):
             raise ValueError(f"partial RoPE over {self.rope_dim} of {self.hd} dims: needs an even number of them, "
                              "1D RoPE and the half layout")
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))  # a JSON list, read back: one value
+        if list(self.nope_layers) != sorted(set(self.nope_layers)) or not all(
+                isinstance(i, int) and 0 <= i < self.n_layers for i in self.nope_layers) or (
+                self.nope_layers and self.rope_grid):
+            raise ValueError(f"nope_layers {list(self.nope_layers)} must be distinct increasing layer numbers below "
+                             f"n_layers {self.n_layers}, in a 1D RoPE model")
         for key in PER_FREQUENCY.get((self.rope_scaling or {}).get("rope_type"), ()):
             factors = self.rope_scaling.get(key)
             if not isinstance(factors, list) or len(factors) != self.rotary_dim // 2 or not all(
@@ -353,11 +361,11 @@ class Transformer(nn.Module):
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
         [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
-        rot = forward_rotation(self, positions, h.dtype)
+        rots = layer_rotations(self.cfg, forward_rotation(self, positions, h.dtype))
         mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask)
         cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
-            h = blk(h, rot, i, cache, mask, causal, None if cross is None else cross[i])
+            h = blk(h, rots[i], i, cache, mask, causal, None if cross is None else cross[i])
         return self.norm(h)
 
 
@@ -380,6 +388,13 @@ def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rot
     elif (top := int(positions.max())) >= limit:
         raise ContextOverflowError(top, limit)
     return rows_rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
+
+
+def layer_rotations(cfg: TransformerConfig, rot: Rotation) -> list[Rotation]:
+    """Each layer's rotation: the forward's `rot`, or at a NoPE layer (`cfg.nope_layers`) one that turns nothing
+    (`rope.still`: the RoPE layers' kernels, every value kept bit for bit)."""
+    kept = still(rot) if cfg.nope_layers else rot
+    return [kept if i in cfg.nope_layers else rot for i in range(cfg.n_layers)]
 
 
 def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:

@@ -147,6 +147,23 @@ def test_a_step_that_reads_the_host_fails_the_check():
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
 
 
+@pytest.mark.parametrize("name", LOSSLESS_TEXT)
+def test_nope_layers_keep_every_lossless_method_on_ar_eager_and_static(name):
+    """A SmolLM3-style target (layer 1 without RoPE): each lossless text method equals eager AR, eagerly and as
+    static steps (the static step turns its layers as the eager forward does)."""
+    prompts = [PROMPT, PROMPT[:7]]
+    eager = run_batch(ModelTarget(tiny_model(0, nope_layers=(1,))), lambda i: EmptyDrafter(), prompts, 24,
+                      SamplingParams())
+    make = lambda i: method_drafter(name, 0, False)  # noqa: E731
+    static = tiny_model(0, nope_layers=(1,))
+    for target in (ModelTarget(tiny_model(0, nope_layers=(1,))), static_target(static)):
+        got = run_batch(target, make, prompts, 24, SamplingParams())
+        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
+    other = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]  # control: NoPE changes tokens
+
+
 @pytest.mark.parametrize("name,gpu,batch,capture",
                          [(name, gpu, batch, "static") for name in LOSSLESS_TEXT for gpu in (False, True)
                           for batch in (1, 3)] + [("ngram", False, 3, "traced"), ("ngram", True, 3, "traced")],

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specgen.models.rope import rotate, rotation, table_1d
+from specgen.models.rope import rotate, rotation, still, table_1d
+from tests.conftest import tiny_model
 
 
 def pairwise_rope(x: torch.Tensor, rot: torch.Tensor, layout: str) -> torch.Tensor:
@@ -49,3 +50,36 @@ def test_rms_norm_is_hf_formula(dim, rows):
         x = torch.randn(rows, dim, generator=gen) * scale
         for eps in (1e-5, 1e-6):
             assert torch.equal(F.rms_norm(x, (dim,), eps=eps), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_a_still_rotation_keeps_every_value_bit_for_bit(dtype, layout):
+    """A NoPE layer (SmolLM3) runs the RoPE layers' kernels with cos 1, sin 0: x itself, -0.0 and huge values too."""
+    gen = torch.Generator().manual_seed(1)
+    rot = rotation(table_1d(64, 16, 10000.0)[torch.randint(1, 64, (2, 5), generator=gen)].to(dtype), layout)
+    x = (torch.randn(2, 3, 5, 16, generator=gen) * 1e4).to(dtype)
+    x[0, 0, 0, :2] = torch.tensor([-0.0, torch.finfo(dtype).max])
+    assert torch.equal(rotate(x, still(rot)), x) and not torch.equal(rotate(x, rot), x)  # control: rot turns
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_model_without_rope_in_any_layer_reads_no_positions(cached):
+    """All layers NoPE: the logits of a sequence do not depend on where it starts (eager, and over a cache on the
+    CPU's native attention, whose kernel applies the rotation); control: one RoPE layer makes them depend on it."""
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+
+    def logits(model, start: int) -> torch.Tensor:
+        positions = torch.arange(start, start + tokens.shape[1])[None]
+        with torch.inference_mode():
+            return model(tokens, positions, model.new_cache(1, 64) if cached else None)[0]
+
+    nope, half = tiny_model(0, nope_layers=(0, 1)), tiny_model(0, nope_layers=(1,))
+    assert torch.equal(logits(nope, 0), logits(nope, 9))
+    assert not torch.allclose(logits(half, 0), logits(half, 9), atol=1e-3)
+
+
+@pytest.mark.parametrize("layers", [(2,), (1, 0), (0, 0), (-1,)])
+def test_nope_layers_that_are_not_layers_are_refused(layers):
+    with pytest.raises(ValueError, match="nope_layers"):
+        tiny_model(0, nope_layers=layers)
