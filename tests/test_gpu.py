@@ -182,6 +182,23 @@ def test_captured_steps_decode_what_eager_ar_decodes(method, defaults, batch):
     assert steps.replays > 0 and steps.eager_calls == 0 and steps.graph_bytes > 0
 
 
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_captured_steps_of_a_nope_target_decode_what_eager_ar_decodes(method):
+    """SmolLM3's NoPE layers (layer 1 here) through the Triton rope with a still rotation: captured equals eager AR."""
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+
+    model = tiny_model(0, nope_layers=(1,))
+    gpu = target_on(model, "cuda")
+    eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
+    steps = graphs.attach(model, "on")
+    try:
+        res = run_batch(gpu, lambda i: method_drafter(method, 0, True), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
+    finally:
+        graphs.attach(model, "off")
+    assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
+
+
 def test_captured_steps_across_width_buckets_and_a_failed_capture_decode_what_eager_ar_decodes(monkeypatch):
     """Steps read only their width bucket's slots (16, 32, 64 here: the decode crosses each) with the bits of eager AR;
     a step that reads the host cannot be captured (its warm-up raises; or, reading only while captured, its capture
