@@ -152,7 +152,8 @@ class AutoBudget:
 
 @dataclass
 class MeasuredBudget:
-    """Per number of live rows B, the measured faster of batched AR (cap 0) and the draft (cap `limit`)."""
+    """Per number of live rows B, the measured faster of batched AR (cap 0) and the draft (cap `limit`); not `timed`,
+    a step is measured by the cost curve instead of the clock (docs/decoding.md, MeasuredBudget 6.)."""
 
     limit: int
     probe_share: float = 0.05
@@ -161,6 +162,9 @@ class MeasuredBudget:
     far: float = 0.75  # a choice below this share of the other's rate is "far behind" (its tries back off)
     cost: Callable[[int], float] | None = None  # c(m) of the target's forward over m rows x tokens (5. predicting)
     rows_per_sequence: int = 1  # forward rows of one sequence (2 under CFG)
+    # False (needs `cost`): a step costs c(tokens it verified), never its wall time, so a sampled run's choices (and
+    # with them its draws) depend only on its seed and the stored curve: `--seed` repeats it
+    timed: bool = True
     _steps: dict[tuple[int, int], deque] = field(default_factory=dict)  # (B, cap) -> its last measured (tokens, s)
     _count: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, cap) -> steps measured
     _since: dict[int, float] = field(default_factory=dict)  # B -> seconds run at B since the other was tried
@@ -255,9 +259,11 @@ class MeasuredBudget:
             self._open[5] += 1
 
     def observe_step(self, seconds: float) -> None:
-        if not self._open or seconds <= 0:
+        if not self._open or (self.timed and seconds <= 0):
             return
         b, choice, tokens, measured, verified, rows = self._open
+        if not self.timed:
+            seconds = self.cost(self.rows_per_sequence * verified)
         self._open = []
         seen = self._verify.setdefault((b, choice), [0, 0])
         seen[0], seen[1] = seen[0] + verified, seen[1] + rows

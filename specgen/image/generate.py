@@ -212,7 +212,9 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     if req.budget == "auto":  # one per method and options on this model, shared by its calls
         key = (req.method, repr(sorted(req.builder_options().items())), cfg.cfg_scale, cfg.temperature)
         if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
-            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches)
+            # and, sampled, costs every step: the seed repeats the run (MeasuredBudget 6.)
+            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches,
+                                             timed=req.params.greedy)
         budget = im.budgets[key]
     rule = build_image_method(req.method, parts, req.options)[1]
     tokens: list[list[int]] = [[] for _ in conditions]  # as accepted: a finished image's tokens before the batch ends

@@ -106,7 +106,8 @@ class ArOptions(Options):
 #: from the measured cost curve and step times (`AutoBudget`), tree methods choose per number of live rows between
 #: batched AR and their own tree from measured throughput (`MeasuredBudget`; decoding/budget.py). The loop applies
 #: it; the drafters never see it. `ngram` defaults to "auto" (it drafts less where drafts do not pay: docs/results/
-#: text.md, batching.md); a sampled run plans from the stored cost curve alone, so its seed repeats it.
+#: text.md, batching.md); a sampled run plans (text) or measures (trees) by the stored cost curve, so its seed
+#: repeats it.
 BUDGET_DEFAULT = "fixed"
 
 

@@ -11,6 +11,7 @@ import torch
 from specgen import checkpoints, registry
 from specgen.decoding.ar_steps import ArSteps
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
+from specgen.decoding.cost import cost_of
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.loop import DecodeResult, decode_batch
@@ -51,7 +52,7 @@ class MeshDecoder:
         step, nodes = ArSteps(run_ahead), 0  # AR: AR's own step policy, as text's and images'
         if d_max:
             pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators)
-            budget = self.budgets.setdefault(repr((opts, params)), MeasuredBudget(d_max)) \
+            budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self.model, d_max, params)) \
                 if opts.budget == "auto" else FixedBudget(d_max)
             along = pool if pool.ahead else None  # the heads' candidates read with the accept's picks
             step, nodes = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along), pool.nodes
@@ -107,6 +108,12 @@ class MeshDecoder:
             self._draft_out = copy.deepcopy(out).to(dtype)
             self._draft_out.weight.data = self._draft_out.weight.data.contiguous()  # row-major: faster in bf16 here
         return self._draft_out
+
+
+def auto_budget(model: torch.nn.Module, d_max: int, params: SamplingParams) -> MeasuredBudget:
+    """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses); sampled, by the
+    backbone's cost curve and the acceptance observed, so the seed repeats the run (MeasuredBudget 6.)."""
+    return MeasuredBudget(d_max) if params.greedy else MeasuredBudget(d_max, cost=cost_of(model.decoder), timed=False)
 
 
 # -- loading ----------------------------------------------------------------------------------------

@@ -432,3 +432,14 @@ def test_measured_budget_predicts_a_new_batch_size_from_the_cost_curve():
     caps = run_steps(wrong, 8, 3000, lambda cap, b: 1.5 if cap else 0.9, accepted)
     first = caps.index(16)
     assert first > 100 and caps[-100:].count(16) > 90  # AR first, then a try finds the tree ahead: it leads
+
+
+def test_an_untimed_measured_budget_chooses_by_the_cost_curve_whatever_the_clock():
+    """Sampled runs (`timed` False, MeasuredBudget 6.): a step costs c(tokens it verified), so the choices are the
+    same whether the tree's steps time 10x faster than AR's or 10x slower: the tree (3 tokens a row from a 17-token
+    verify) leads where c is flat and AR where it is linear."""
+    accepted = lambda cap: 2 if cap else 0  # noqa: E731
+    for curve, leader in [(CostCurve((1, 1024), (1.0, 1.0)), 16), (CostCurve((1, 1024), (1.0, 1024.0)), 0)]:
+        fast, slow = (run_steps(MeasuredBudget(16, cost=curve, timed=False), 2, 200, lambda cap, b: s if cap else 1.0,
+                                accepted) for s in (0.1, 10.0))
+        assert fast == slow and fast[-100:].count(leader) >= 90

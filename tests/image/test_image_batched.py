@@ -213,3 +213,36 @@ def test_sampled_images_keep_the_cfg_targets_distribution_and_the_control_fails(
     if method != "ar":
         control = chi_square(counts(siblings_against_p), exact)
         assert control > limit, (control, limit)
+
+
+class FlatVQ(torch.nn.Module):
+    """A VQ stand-in: a codebook, and grey pixels for any grid (the test reads tokens)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.quantize = torch.nn.Module()
+        self.quantize.embedding = torch.nn.Embedding(vocab, 4)
+
+    def decode_indices(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(idx.shape[0], 3, 1, 1)
+
+
+def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times(monkeypatch):
+    """`generate_images` under `budget=auto` at temperature 1: one run whose tree steps time 10x faster than AR's,
+    one whose time 10x slower, draw the same images from the same seed (a sampled row's draws follow whether its
+    steps drafted, so a choice by wall time made them differ)."""
+    from specgen.image.generate import ImageGenConfig, ImageModel, generate_images
+    from specgen.request import parse_request
+    from tests.budget_fixtures import step_times
+
+    model = tiny_image_gpt(5, grid=6)
+    drafter = TinyEagle(model).eval()
+    cfg = ImageGenConfig(method="adt-tree", num=4, batch_size=2, temperature=1.0, seed=3,
+                         method_options={**OPTIONS["adt-tree"], "budget": "auto"})
+
+    def tokens(tree_seconds: float) -> list[list[int]]:
+        step_times(monkeypatch, lambda cap: tree_seconds if cap else 1.0)
+        im = ImageModel(None, model, FlatVQ(32), ["a", "b", "c"], 6, drafter)  # a new budget: nothing measured
+        return [s.tokens for s in generate_images(im, parse_request(cfg, "image"))[0]]
+
+    assert tokens(0.1) == tokens(10.0)

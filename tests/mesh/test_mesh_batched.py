@@ -65,6 +65,21 @@ def test_lossless_xspecmesh_batched_is_greedy_ar(clouds):
     assert decode_all(MeshDecoder(model, tiny_heads()), clouds, SamplingParams(), auto, 4) == ar
 
 
+def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times(clouds, monkeypatch):
+    """Sampled XSpecMesh under `budget=auto`: one run whose draft steps time 10x faster than AR's, one whose time 10x
+    slower, draw the same meshes from the same seeds (a sampled row's draws follow whether its steps drafted, so a
+    choice by wall time made them differ)."""
+    from tests.budget_fixtures import step_times
+
+    model, heads = tiny_mesh_model(), tiny_heads()
+
+    def tokens(draft_seconds: float) -> list[list[int]]:
+        step_times(monkeypatch, lambda cap: draft_seconds if cap else 1.0)
+        return decode_all(MeshDecoder(model, heads), clouds, SAMPLED, replace(LOSSLESS, budget="auto"), 3)
+
+    assert tokens(0.1) == tokens(10.0)
+
+
 def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
     from specgen.errors import UsageError
 
