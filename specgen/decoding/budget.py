@@ -179,6 +179,10 @@ class MeasuredBudget:
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
     _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured, verified, rows] of the step
 
+    def __post_init__(self) -> None:
+        if not self.timed and self.cost is None:
+            raise ValueError("an untimed MeasuredBudget costs its steps by a cost curve: pass cost=")
+
     def rate(self, live_rows: int, cap: int) -> float | None:
         """Tokens per second of `cap`-sized steps at `live_rows` rows so far (None: never measured)."""
         steps = self._steps.get((live_rows, cap))

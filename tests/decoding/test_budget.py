@@ -443,3 +443,8 @@ def test_an_untimed_measured_budget_chooses_by_the_cost_curve_whatever_the_clock
         fast, slow = (run_steps(MeasuredBudget(16, cost=curve, timed=False), 2, 200, lambda cap, b: s if cap else 1.0,
                                 accepted) for s in (0.1, 10.0))
         assert fast == slow and fast[-100:].count(leader) >= 90
+
+
+def test_an_untimed_measured_budget_without_a_curve_is_refused_at_construction():
+    with pytest.raises(ValueError, match="cost curve"):
+        MeasuredBudget(4, timed=False)
