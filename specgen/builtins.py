@@ -77,16 +77,16 @@ def smollm2_gguf_path() -> Path:
 def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin",
                        force: bool = True, builtin: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
-    cfg, state = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
+    loaded = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
 
     def tokenizer(folder: Path) -> None:
         from transformers import AutoTokenizer  # start-up cost: transformers loads only to convert the GGUF's
 
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(folder))
 
-    registry.save("target", name, state, {
-        "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
-        "tokenizer": True, "source": str(gguf), "created_by": created_by,
+    registry.save("target", name, loaded.state, {
+        "builder": "transformer", "kwargs": loaded.cfg.to_dict(), "vocab_size": loaded.cfg.vocab_size,
+        "modality": "text", "tokenizer": True, "source": str(gguf), "created_by": created_by, **loaded.record(),
     }, extra=tokenizer, force=force, builtin=builtin)
 
 

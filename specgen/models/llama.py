@@ -37,6 +37,22 @@ FUSED = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A checkpoint (HF folder or GGUF) as specgen's Transformer: its config, its weights under specgen's names, and
+    the context the checkpoint declares (`max_position_embeddings`, `<arch>.context_length`), which `capped_context`
+    caps to the config's max_seq_len."""
+
+    cfg: TransformerConfig
+    state: dict[str, torch.Tensor]
+    context: int
+
+    def record(self) -> dict:
+        """What a registry entry records of the checkpoint beside its config: `source_context`, its own context,
+        where specgen's is shorter (docs/architectures.md)."""
+        return {"source_context": self.context} if self.context > self.cfg.max_seq_len else {}
+
+
 def refuse(key: str, value, why: str) -> UsageError:
     return UsageError(f"config.json sets {key}={json.dumps(value)}: {why}; specgen refuses rather than decode wrong "
                       "(docs/architectures.md)")
@@ -51,7 +67,7 @@ def hf_config(raw: dict) -> TransformerConfig:
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
     n_heads = raw["num_attention_heads"]
-    context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
+    context = declared_context(raw)
     scaling, theta = rope_scaling(raw, context)
     head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     try:
@@ -67,6 +83,12 @@ def hf_config(raw: dict) -> TransformerConfig:
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
+
+
+def declared_context(raw: dict) -> int:
+    """The context an HF config declares: `max_position_embeddings`, else its class default (HF_ARCHITECTURES)."""
+    arch = (raw.get("architectures") or ["?"])[0]
+    return int(raw.get("max_position_embeddings") or HF_ARCHITECTURES[arch]["max_position_embeddings"])
 
 
 def capped_context(context: int, scaling: dict | None, window: int | None) -> int:
@@ -270,7 +292,7 @@ def shards(folder: Path) -> list[Path]:
     return [folder / n for n in names]
 
 
-def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
+def load_hf_folder(folder: Path) -> Loaded:
     """An HF model folder (config.json + *.safetensors, possibly sharded)."""
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -311,7 +333,7 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    return cfg, remap(cfg, names, get, "hf", folder.name)
+    return Loaded(cfg, remap(cfg, names, get, "hf", folder.name), declared_context(raw))
 
 
 def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None],

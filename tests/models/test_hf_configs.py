@@ -45,7 +45,8 @@ def hf_model(arch: str, **over):
 
 
 def load(folder) -> Transformer:
-    cfg, state = load_hf_folder(folder)
+    loaded = load_hf_folder(folder)
+    cfg, state = loaded.cfg, loaded.state
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and missing == (["output.weight"] if cfg.tie_embeddings else [])
@@ -259,13 +260,14 @@ def test_a_tied_config_with_a_different_stored_head_loads_the_stored_head_as_tra
     state = load_file(str(tmp_path / "model.safetensors"))
     state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    cfg, ours = load_hf_folder(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    cfg, ours = loaded.cfg, loaded.state
     assert not cfg.tie_embeddings and torch.equal(ours["output.weight"], state["lm_head.weight"])
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"])
     state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    assert load_hf_folder(tmp_path)[0].tie_embeddings
+    assert load_hf_folder(tmp_path).cfg.tie_embeddings
 
 
 def test_tensor_the_model_would_ignore_is_refused(tmp_path):
