@@ -294,3 +294,23 @@ def test_registry_import_keeps_the_math(tmp_path, specgen_home):
     ours = checkpoints.load_module(checkpoints.find("target/tiny-qwen3")).eval()
     assert ours.cfg.qk_norm and ours.cfg.rope_scaling["rope_type"] == "yarn"
     assert_same(ours, theirs, tokens(96))
+
+
+def test_the_hf_export_of_a_longrope_model_prints_nothing(tmp_path):
+    """to_hf (the `hf` benchmark row) of a LongRoPE model (Phi-3.5-mini's kind) printed transformers' advice to set
+    rope_parameters' factor instead of original_max_position_embeddings: the export left the factor out. Run in a
+    fresh interpreter, as a user's is: transformers prints each such warning once a process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope,
+             original_max_position_embeddings=32).save_pretrained(tmp_path)
+    code = ("import pathlib, sys\n"
+            "from specgen.models.hf_export import to_hf\n"
+            "from tests.models.test_hf_configs import load\n"
+            "assert to_hf(load(pathlib.Path(sys.argv[1]))).config.rope_parameters['rope_type'] == 'longrope'\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and done.stderr == ""
