@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -136,6 +138,27 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
 
+# transformers' advice on every LongRoPE config.json as Phi-3.5 and Phi-4-mini publish theirs (no `factor`, which it
+# derives from original_max_position_embeddings): AutoTokenizer reads and validates the model's config to pick a
+# tokenizer class, and logs it; the config is valid, and hf_config reads it exactly (docs/architectures.md)
+ROPE_ADVICE = "This model config has set a `rope_parameters['original_max_position_embeddings']` field"
+
+
+@contextmanager
+def rope_advice_unsaid():
+    """transformers' logger of RoPE configs without its ROPE_ADVICE; every other record of it still shows."""
+    log = logging.getLogger("transformers.modeling_rope_utils")
+
+    def said(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ROPE_ADVICE)
+
+    log.addFilter(said)
+    try:
+        yield
+    finally:
+        log.removeFilter(said)
+
+
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
     """An HF Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder with its tokenizer (docs/architectures.md: what loads
     exactly, what is refused), its own context recorded as a GGUF's is (`Loaded.record`)."""
@@ -145,7 +168,8 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     if has_tok:
         from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
 
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        with rope_advice_unsaid():
+            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         if len(tok) > cfg.vocab_size:  # its ids past the embedding would fail at the first forward
             raise IncompatibleError(f"{folder}: its tokenizer has {len(tok)} tokens but the model's vocabulary is "
                                     f"{cfg.vocab_size}; the tokenizer files are not this model's")
@@ -157,3 +181,4 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import", **loaded.record(),
     }, extra=tokenizer if has_tok else None, force=force)
+

@@ -314,3 +314,26 @@ def test_the_hf_export_of_a_longrope_model_prints_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                           cwd=Path(__file__).parents[2])
     assert done.returncode == 0 and done.stderr == ""
+
+
+def test_registry_import_of_a_published_longrope_config_prints_nothing_but_the_entry(tmp_path):
+    """`registry import` of a Phi-3.5-mini style folder (rope_scaling type longrope without a factor, the original
+    context at the top level, as published) printed transformers' advice to set rope_parameters' factor: its tokenizer
+    loads through AutoTokenizer, which reads the config.json and validates it. Run as a user's command is: a fresh
+    interpreter (transformers prints each such warning once a process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.pcllm_fixtures import char_tokenizer
+
+    longrope = {"type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling={**longrope, "rope_type": "longrope"},
+             original_max_position_embeddings=32).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(str(tmp_path))
+    raw = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items() if k != "rope_parameters"}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "rope_scaling": longrope, "rope_theta": 100.0,
+                                                      "max_position_embeddings": 131072, "eos_token_id": 2}))
+    done = subprocess.run([sys.executable, "-m", "cli.main", "registry", "import", str(tmp_path), "--name", "phi"],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "target/phi\n", "")
