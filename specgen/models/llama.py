@@ -60,21 +60,25 @@ def refuse(key: str, value, why: str) -> UsageError:
 
 def hf_config(raw: dict) -> TransformerConfig:
     """TransformerConfig from an HF `config.json` dict; a key that changes the math and is not implemented is
-    refused with one line naming it."""
+    refused with one line naming it, and so is a number that builds no model (check_numbers, grouped heads)."""
     arch = (raw.get("architectures") or ["?"])[0]
     if arch not in HF_ARCHITECTURES:
         raise UsageError(f"unsupported architecture {arch}; supported: {', '.join(HF_ARCHITECTURES)}")
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
+    check_numbers(raw)
     n_heads = raw["num_attention_heads"]
+    n_kv_heads = raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads)
+    if n_heads % n_kv_heads:  # grouped-query attention: each key/value head serves as many query heads
+        raise CheckpointError(f"config.json sets num_attention_heads={n_heads} over num_key_value_heads={n_kv_heads}: "
+                              "the query heads do not share the key/value heads evenly")
     context = declared_context(raw)
     scaling, theta = rope_scaling(raw, context)
     head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     try:
         return TransformerConfig(
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
-            n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-            ffn_dim=raw["intermediate_size"], head_dim=head_dim,
+            n_kv_heads=n_kv_heads, ffn_dim=raw["intermediate_size"], head_dim=head_dim,
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
             qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
@@ -83,6 +87,28 @@ def hf_config(raw: dict) -> TransformerConfig:
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
+
+
+REQUIRED_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: the class default
+
+
+def check_numbers(raw: dict) -> None:
+    """Refuse a count that is no positive integer (a string, null, zero, a float) and an epsilon that is no positive
+    number: carried into the entry, it would break at the entry's first use. A required count that is absent is left
+    to the caller's KeyError ('lacks')."""
+    for key in REQUIRED_COUNTS + OPTIONAL_COUNTS:
+        value = raw.get(key)
+        if (value is not None or key in raw and key in REQUIRED_COUNTS) and not (type(value) is int and value > 0):
+            raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive integer")
+    if "rms_norm_eps" in raw:
+        positive_number("rms_norm_eps", raw["rms_norm_eps"])
+
+
+def positive_number(key: str, value) -> float:
+    if type(value) not in (int, float) or not 0 < value < math.inf:
+        raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive number")
+    return float(value)
 
 
 def declared_context(raw: dict) -> int:
@@ -119,7 +145,7 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
     params = raw.get(key) or {}
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
         raise refuse(key, params, "per-layer RoPE parameters are not implemented")
-    theta = float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+    theta = positive_number("rope_theta", params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
 
     def need(name: str):

@@ -232,6 +232,28 @@ def test_refusals_name_the_key(over, named):
     assert named in message and "\n" not in message
 
 
+@pytest.mark.parametrize("over,says", [
+    (dict(num_attention_heads="4"), 'num_attention_heads="4": not a positive integer'),
+    (dict(vocab_size=None), "vocab_size=null: not a positive integer"),
+    (dict(num_key_value_heads=0), "num_key_value_heads=0: not a positive integer"),
+    (dict(num_hidden_layers=True), "num_hidden_layers=true: not a positive integer"),
+    (dict(intermediate_size=48.0), "intermediate_size=48.0: not a positive integer"),
+    (dict(max_position_embeddings=-1), "max_position_embeddings=-1: not a positive integer"),
+    (dict(rms_norm_eps="x"), 'rms_norm_eps="x": not a positive number'),
+    (dict(rope_theta="x"), 'rope_theta="x": not a positive number'),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": -1}), "rope_theta=-1: not a positive number"),
+    (dict(num_key_value_heads=3), "num_attention_heads=4 over num_key_value_heads=3: the query heads do not share "
+                                  "the key/value heads evenly"),
+])
+def test_a_config_number_that_builds_no_model_is_one_line(over, says):
+    """A count that was a string, null, zero or a float, or an epsilon that was a string, was carried into the entry
+    (`registry import` succeeded, the entry failed at its first use); a RoPE base that was a string was a bare
+    ValueError."""
+    with pytest.raises(CheckpointError) as err:
+        hf_config(raw_llama(**over))
+    assert str(err.value) == f"config.json sets {says}"
+
+
 @pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])
 def test_a_phi3_partial_rotary_factor_of_no_even_dims_says_which_it_needs(factor, dims):
     """A factor giving an odd count, none or more than a head's dims is refused with the count and what it must be
