@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.rope import per_head, spread_order
-from specgen.models.transformer import TransformerConfig
+from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.unfilled import random_fills_skipped
 
 MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
 SHARD_INDEX = "model.safetensors.index.json"  # a sharded HF checkpoint's tensor -> file map
@@ -276,12 +277,20 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
             if all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))}
 
 
+def qkv_rows(cfg: TransformerConfig) -> list[int]:
+    """The rows of q, k and v in order along dim 0 of a fused projection (wqkv, Phi-3's qkv_proj)."""
+    return [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
+
+
 def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | None], fmt: str,
           source: str) -> dict[str, torch.Tensor]:
-    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent). A tensor the
-    model would ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
+    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent), each of the
+    shape specgen's model for `cfg` gives it (else the entry would break at its first use). A tensor the model would
+    ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
     Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied checkpoint's own head copy are ignored as transformers
     ignores them."""
+    with torch.device("meta"), random_fills_skipped():  # shapes only: nothing allocated or filled
+        shapes = Transformer(cfg).state_dict()
     wanted = layer_map(cfg, fmt)
     known = {t for theirs in wanted.values() for t in theirs}
     extra = sorted(n for n in names if n not in known and not n.endswith("rotary_emb.inv_freq")
@@ -295,6 +304,11 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
         parts = [get(t) for t in theirs]
         if missing := [t for t, p in zip(theirs, parts) if p is None]:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
+        whole = shapes[ours]  # q, k, v: their rows of wqkv
+        for t, p, want in zip(theirs, parts, whole.split(qkv_rows(cfg)) if len(theirs) > 1 else (whole,)):
+            if p.shape != want.shape:
+                raise CheckpointError(f"{source}: tensor {t} has shape {list(p.shape)}; its config gives "
+                                      f"{list(want.shape)}")
         parts = spread_rotary(cfg, ours, parts) if cfg.rope_dim else parts
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state
@@ -365,8 +379,8 @@ def load_hf_folder(folder: Path) -> Loaded:
 def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None],
             source: str) -> tuple[set[str], Callable[[str], torch.Tensor | None]]:
     """A checkpoint's tensor names and getter with each fused tensor of `arch` (`FUSED`) seen as the Llama tensors it
-    holds: a fused tensor read once for its parts (they are asked one after another), its rows checked against cfg."""
-    sizes = {"qkv": [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, "up": [cfg.ffn_dim] * 2}
+    holds: a fused tensor read once for its parts (they are asked one after another), its shape checked against cfg."""
+    sizes = {"qkv": qkv_rows(cfg), "up": [cfg.ffn_dim] * 2}
     parts = {}  # a Llama name -> (the fused tensor, its rows' split, the part)
     for i in range(cfg.n_layers):
         prefix = LAYER_PREFIX[fmt].format(i=i)
@@ -381,8 +395,9 @@ def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored
         if whole not in held:
             held.clear()
             held[whole] = stored(whole)
-        if held[whole].shape[0] != sum(split):
-            raise CheckpointError(f"{source}: {whole} has {held[whole].shape[0]} rows; its config gives {sum(split)}")
+        if held[whole].shape != (sum(split), cfg.dim):  # a fused weight's rows are its parts', its columns the input
+            raise CheckpointError(f"{source}: tensor {whole} has shape {list(held[whole].shape)}; its config gives "
+                                  f"{[sum(split), cfg.dim]}")
         return held[whole].split(split)[part]
 
     return {n for n in names if n not in {whole for whole, _, _ in parts.values()}} | set(parts), get

@@ -281,3 +281,14 @@ def test_a_gguf_import_records_its_own_context_as_an_hf_folders_does(tmp_path):
     for source in ("hf", "l.gguf"):
         entry = import_checkpoint(tmp_path / source, source.replace(".", "-"))
         assert entry.meta["source_context"] == 32768 and entry.meta["kwargs"]["max_seq_len"] == 8192
+
+
+def test_a_gguf_tensor_of_another_shape_than_its_keys_give_is_named(tmp_path):
+    """As an HF folder's: a tensor cut short was converted into an entry that broke at its first use."""
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    state = {**loaded.state, "layers.1.feed_forward.w2.weight": loaded.state["layers.1.feed_forward.w2.weight"][:, :40]}
+    write_gguf(tmp_path / "cut.gguf", loaded.cfg, state)
+    with pytest.raises(CheckpointError, match=r"^cut.gguf: tensor blk.1.ffn_down.weight has shape \[32, 40\]; its "
+                                              r"config gives \[32, 48\]$"):
+        load_gguf(tmp_path / "cut.gguf")

@@ -168,13 +168,33 @@ def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(p
     assert not torch.allclose(logits(wrong, tokens(32)), logits(theirs, tokens(32)), atol=1e-2)
 
 
+@pytest.mark.parametrize("name,shape", [("model.layers.1.mlp.down_proj.weight", [32, 40]),  # imported, broken
+                                        ("model.layers.0.self_attn.k_proj.weight", [16, 16]),  # a RuntimeError
+                                        ("model.norm.weight", [33])])
+def test_a_tensor_of_another_shape_than_its_config_gives_is_named(name, shape, tmp_path):
+    """A tensor cut to another shape than config.json gives it was imported into an entry that failed at its first
+    use (or, among q/k/v, was torch.cat's bare 'Sizes of tensors must match'): now one line naming it."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model("LlamaForCausalLM").save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state[name] = torch.zeros(shape)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    want = {"model.layers.1.mlp.down_proj.weight": [32, 48], "model.layers.0.self_attn.k_proj.weight": [16, 32],
+            "model.norm.weight": [32]}[name]
+    with pytest.raises(CheckpointError) as err:
+        load_hf_folder(tmp_path)
+    assert str(err.value) == f"{tmp_path.name}: tensor {name} has shape {shape}; its config gives {want}"
+
+
 def test_a_fused_product_that_does_not_split_as_its_config_says_is_named(tmp_path):
     """Phi-3's gate_up_proj holds 2 x intermediate_size rows: a config.json that disagrees is one line naming the
     tensor, not a shape error from deep inside a load."""
     hf_model("Phi3ForCausalLM", pad_token_id=0).save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**raw, "intermediate_size": 40}))
-    with pytest.raises(CheckpointError, match="gate_up_proj.weight has 96 rows; its config gives 80"):
+    with pytest.raises(CheckpointError, match=r"tensor model.layers.0.mlp.gate_up_proj.weight has shape \[96, 32\]; "
+                                              r"its config gives \[80, 32\]"):
         load_hf_folder(tmp_path)
 
 
