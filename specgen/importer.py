@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,6 +14,7 @@ from specgen import checkpoints, registry
 from specgen.builders import BUILDERS, IMAGE_BUILDERS, IMPORTED_FORMS
 from specgen.builtins import import_gguf_target
 from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.hf_tokenizer import load_tokenizer
 from specgen.limits import check_declared_size
 from specgen.models.llama import load_hf_folder
 
@@ -138,27 +137,6 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     return registry.save(kind, name, dict(module.state_dict()), meta, force=force)
 
 
-# transformers' advice on every LongRoPE config.json as Phi-3.5 and Phi-4-mini publish theirs (no `factor`, which it
-# derives from original_max_position_embeddings): AutoTokenizer reads and validates the model's config to pick a
-# tokenizer class, and logs it; the config is valid, and hf_config reads it exactly (docs/architectures.md)
-ROPE_ADVICE = "This model config has set a `rope_parameters['original_max_position_embeddings']` field"
-
-
-@contextmanager
-def rope_advice_unsaid():
-    """transformers' logger of RoPE configs without its ROPE_ADVICE; every other record of it still shows."""
-    log = logging.getLogger("transformers.modeling_rope_utils")
-
-    def said(record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(ROPE_ADVICE)
-
-    log.addFilter(said)
-    try:
-        yield
-    finally:
-        log.removeFilter(said)
-
-
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
     """An HF Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder with its tokenizer (docs/architectures.md: what loads
     exactly, what is refused), its own context recorded as a GGUF's is (`Loaded.record`)."""
@@ -166,10 +144,7 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     cfg = loaded.cfg
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
     if has_tok:
-        from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
-
-        with rope_advice_unsaid():
-            tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = load_tokenizer(folder)
         if len(tok) > cfg.vocab_size:  # its ids past the embedding would fail at the first forward
             raise IncompatibleError(f"{folder}: its tokenizer has {len(tok)} tokens but the model's vocabulary is "
                                     f"{cfg.vocab_size}; the tokenizer files are not this model's")

@@ -379,3 +379,19 @@ def test_registry_import_of_a_published_longrope_config_prints_nothing_but_the_e
     done = subprocess.run([sys.executable, "-m", "cli.main", "registry", "import", str(tmp_path), "--name", "phi"],
                           capture_output=True, text=True, cwd=Path(__file__).parents[2])
     assert (done.returncode, done.stdout, done.stderr) == (0, "target/phi\n", "")
+
+
+def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_folder(tmp_path):
+    """A folder whose tokenizer.json is no JSON was 'JSONDecodeError: Expecting property name ...', naming no file;
+    nothing is registered."""
+    from specgen import registry
+    from specgen.importer import import_checkpoint
+    from tests.pcllm_fixtures import char_tokenizer
+
+    hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "m")
+    char_tokenizer().save_pretrained(str(tmp_path / "m"))
+    (tmp_path / "m" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=f"^cannot load the tokenizer of {tmp_path / 'm'}: JSONDecodeError: "
+                                              "Expecting property name"):
+        import_checkpoint(tmp_path / "m", "m")
+    assert not (registry.checkpoints_dir() / "target" / "m").exists()
