@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from specgen import registry
 from specgen.errors import CheckpointError, MissingDependencyError
+from specgen.hf_tokenizer import load_tokenizer
 from specgen.models.gguf_loader import load_gguf
 
 Progress = Callable[[str, int, int], None] | None
@@ -78,11 +79,10 @@ def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created
                        force: bool = True, builtin: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
     loaded = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
+    tok = load_tokenizer(gguf, gguf_file=gguf.name)  # before the save: a failure is one line, nothing registered
 
     def tokenizer(folder: Path) -> None:
-        from transformers import AutoTokenizer  # start-up cost: transformers loads only to convert the GGUF's
-
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(folder))
+        tok.save_pretrained(str(folder))
 
     registry.save("target", name, loaded.state, {
         "builder": "transformer", "kwargs": loaded.cfg.to_dict(), "vocab_size": loaded.cfg.vocab_size,

@@ -292,3 +292,28 @@ def test_a_gguf_tensor_of_another_shape_than_its_keys_give_is_named(tmp_path):
     with pytest.raises(CheckpointError, match=r"^cut.gguf: tensor blk.1.ffn_down.weight has shape \[32, 40\]; its "
                                               r"config gives \[32, 48\]$"):
         load_gguf(tmp_path / "cut.gguf")
+
+
+def test_a_gguf_without_a_tokenizer_is_one_line_naming_it(tmp_path):
+    """A GGUF holding no tokenizer printed transformers' 'Can't find a way to retrieve missing config vocab_size' and
+    then 'ValueError: Cannot build a tokenizer ...', naming no file; now the one line, and nothing registered."""
+    import logging
+
+    from specgen import registry
+    from specgen.importer import import_checkpoint
+
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "bare.gguf", loaded.cfg, loaded.state)
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with pytest.raises(CheckpointError, match=f"^cannot load the tokenizer of {tmp_path / 'bare.gguf'}: "
+                                                  "ValueError: Cannot build a tokenizer from a GGUF file"):
+            import_checkpoint(tmp_path / "bare.gguf", "bare")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [r.getMessage() for r in said] == []
+    assert not (registry.checkpoints_dir() / "target" / "bare").exists()
