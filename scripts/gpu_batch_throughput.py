@@ -41,9 +41,9 @@ def model_of(args) -> Transformer:
     if args.gguf:
         from specgen.models.gguf_loader import load_gguf
 
-        cfg, state = load_gguf(Path(args.gguf))
-        model = Transformer(cfg)
-        model.load_state_dict(state, strict=False)
+        loaded = load_gguf(Path(args.gguf))
+        model = Transformer(loaded.cfg)
+        model.load_state_dict(loaded.state, strict=False)
         return model
     torch.manual_seed(0)
     return Transformer(SMOLLM2)

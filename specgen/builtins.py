@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from specgen import registry
 from specgen.errors import CheckpointError, MissingDependencyError
+from specgen.hf_tokenizer import load_tokenizer
 from specgen.models.gguf_loader import load_gguf
 
 Progress = Callable[[str, int, int], None] | None
@@ -77,16 +78,15 @@ def smollm2_gguf_path() -> Path:
 def import_gguf_target(gguf: Path, name: str, progress: Progress = None, created_by: str = "builtin",
                        force: bool = True, builtin: bool = True) -> None:
     """Dequantise a GGUF Llama-family model and its tokenizer into the registry as target/<name>."""
-    cfg, state = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
+    loaded = load_gguf(gguf, (lambda i, n: progress("converting " + gguf.name, i, n)) if progress else None)
+    tok = load_tokenizer(gguf, gguf_file=gguf.name)  # before the save: a failure is one line, nothing registered
 
     def tokenizer(folder: Path) -> None:
-        from transformers import AutoTokenizer  # start-up cost: transformers loads only to convert the GGUF's
+        tok.save_pretrained(str(folder))
 
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(folder))
-
-    registry.save("target", name, state, {
-        "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
-        "tokenizer": True, "source": str(gguf), "created_by": created_by,
+    registry.save("target", name, loaded.state, {
+        "builder": "transformer", "kwargs": loaded.cfg.to_dict(), "vocab_size": loaded.cfg.vocab_size,
+        "modality": "text", "tokenizer": True, "source": str(gguf), "created_by": created_by, **loaded.record(),
     }, extra=tokenizer, force=force, builtin=builtin)
 
 

@@ -21,6 +21,7 @@ from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
+from specgen.models.unfilled import random_fills_skipped
 from specgen.registry import CONFIG, Entry, entry_at, one_line
 
 
@@ -210,22 +211,6 @@ def build(entry: Entry, builder: str, kwargs: dict) -> torch.nn.Module:
     except (TypeError, ValueError, RuntimeError, OverflowError) as e:
         raise CheckpointError(f"corrupt entry {entry.ref}: its {CONFIG} does not build a {builder} ({one_line(e)}); "
                               f"remove it with `specgen registry remove {entry.ref}` and import it again") from None
-
-
-RANDOM_FILLS = ("uniform_", "normal_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
-                "xavier_normal_", "orthogonal_")
-
-
-@contextlib.contextmanager
-def random_fills_skipped():
-    """Module construction without torch.nn.init's random fills: `load_state` overwrites (and requires) every
-    parameter; computed buffers (RoPE tables) are built as usual."""
-    saved = {name: getattr(torch.nn.init, name) for name in RANDOM_FILLS}
-    vars(torch.nn.init).update(dict.fromkeys(RANDOM_FILLS, lambda tensor, *args, **kwargs: tensor))
-    try:
-        yield
-    finally:
-        vars(torch.nn.init).update(saved)
 
 
 def load_state(module: torch.nn.Module, entry: Entry) -> None:

@@ -14,6 +14,7 @@ from specgen import checkpoints, registry
 from specgen.builders import BUILDERS, IMAGE_BUILDERS, IMPORTED_FORMS
 from specgen.builtins import import_gguf_target
 from specgen.errors import CheckpointError, IncompatibleError, UsageError
+from specgen.hf_tokenizer import load_tokenizer
 from specgen.limits import check_declared_size
 from specgen.models.llama import load_hf_folder
 
@@ -138,15 +139,12 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
 
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
     """An HF Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder with its tokenizer (docs/architectures.md: what loads
-    exactly, what is refused). `source_context` records the checkpoint's own context when specgen's (max_seq_len) is
-    capped."""
-    cfg, state = load_hf_folder(folder)
-    declared = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")  # read by the loader
+    exactly, what is refused), its own context recorded as a GGUF's is (`Loaded.record`)."""
+    loaded = load_hf_folder(folder)
+    cfg = loaded.cfg
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
     if has_tok:
-        from transformers import AutoTokenizer  # optional dependency: only a folder with a tokenizer needs it
-
-        tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        tok = load_tokenizer(folder)
         if len(tok) > cfg.vocab_size:  # its ids past the embedding would fail at the first forward
             raise IncompatibleError(f"{folder}: its tokenizer has {len(tok)} tokens but the model's vocabulary is "
                                     f"{cfg.vocab_size}; the tokenizer files are not this model's")
@@ -154,8 +152,8 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
     def tokenizer(dest: Path) -> None:
         tok.save_pretrained(str(dest))
 
-    return registry.save("target", name, state, {
+    return registry.save("target", name, loaded.state, {
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
-        "tokenizer": has_tok, "source": str(folder), "created_by": "registry import",
-        **({"source_context": declared} if isinstance(declared, int) and declared > cfg.max_seq_len else {}),
+        "tokenizer": has_tok, "source": str(folder), "created_by": "registry import", **loaded.record(),
     }, extra=tokenizer if has_tok else None, force=force)
+

@@ -36,7 +36,7 @@ out["stacks"] = sorted(m for m in ("cli.generate_text", "cli.generate_image", "c
                                    "matplotlib") if m in sys.modules)
 
 from specgen.builders import BUILDERS  # tests/test_layers.py: the meta builds import no dynamo
-from specgen.checkpoints import random_fills_skipped
+from specgen.models.unfilled import random_fills_skipped
 out["dynamo"] = ["torch._dynamo" in sys.modules]
 for path in sorted(glob.glob("specgen/assets/**/config.json", recursive=True)):
     meta = json.load(open(path))

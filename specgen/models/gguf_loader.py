@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.llama import MAX_CONTEXT, capped_context, remap, rope_scaling, unfused
+from specgen.models.llama import MAX_CONTEXT, Loaded, capped_context, remap, rope_scaling, unfused
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
@@ -57,8 +57,7 @@ def gguf_rope_scaling(reader, arch: str, context: int, source: str, per_frequenc
     return rope_scaling({"rope_scaling": {k: v for k, v in params.items() if v is not None}}, context)[0]
 
 
-def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
-              ) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:
     """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
     from gguf import GGUFReader  # deferred: start-up (gguf loads numpy's bits; only a GGUF import needs it)
     from gguf.quants import dequantize
@@ -123,4 +122,4 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None
         return data
 
     names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
-    return cfg, remap(cfg, names, get, "gguf", path.name)  # refuses a tensor the model has no place for
+    return Loaded(cfg, remap(cfg, names, get, "gguf", path.name), context)  # remap: refuses a stray tensor

@@ -63,6 +63,11 @@ def to_hf(model: Transformer):
     factors = cfg.rope_scaling is not None and cfg.rope_scaling["rope_type"] == "factors"  # no type of transformers'
     if cfg.rope_scaling and not factors:  # transformers 4.x reads `rope_scaling`; 5.x moves it into rope_parameters
         common["rope_scaling"] = dict(cfg.rope_scaling)
+    if cfg.rope_scaling and cfg.rope_scaling["rope_type"] == "longrope":
+        # no extension: max_seq_len is at most the original context (llama.capped_context), so the short factors hold
+        # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
+        # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
+        common["rope_scaling"]["factor"] = 1.0
     if cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
         original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
         hf = Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,

@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.rope import per_head, spread_order
-from specgen.models.transformer import TransformerConfig
+from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.unfilled import random_fills_skipped
 
 MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
 SHARD_INDEX = "model.safetensors.index.json"  # a sharded HF checkpoint's tensor -> file map
@@ -37,6 +38,22 @@ FUSED = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A checkpoint (HF folder or GGUF) as specgen's Transformer: its config, its weights under specgen's names, and
+    the context the checkpoint declares (`max_position_embeddings`, `<arch>.context_length`), which `capped_context`
+    caps to the config's max_seq_len."""
+
+    cfg: TransformerConfig
+    state: dict[str, torch.Tensor]
+    context: int
+
+    def record(self) -> dict:
+        """What a registry entry records of the checkpoint beside its config: `source_context`, its own context,
+        where specgen's is shorter (docs/architectures.md)."""
+        return {"source_context": self.context} if self.context > self.cfg.max_seq_len else {}
+
+
 def refuse(key: str, value, why: str) -> UsageError:
     return UsageError(f"config.json sets {key}={json.dumps(value)}: {why}; specgen refuses rather than decode wrong "
                       "(docs/architectures.md)")
@@ -44,21 +61,25 @@ def refuse(key: str, value, why: str) -> UsageError:
 
 def hf_config(raw: dict) -> TransformerConfig:
     """TransformerConfig from an HF `config.json` dict; a key that changes the math and is not implemented is
-    refused with one line naming it."""
+    refused with one line naming it, and so is a number that builds no model (check_numbers, grouped heads)."""
     arch = (raw.get("architectures") or ["?"])[0]
     if arch not in HF_ARCHITECTURES:
         raise UsageError(f"unsupported architecture {arch}; supported: {', '.join(HF_ARCHITECTURES)}")
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
+    check_numbers(raw)
     n_heads = raw["num_attention_heads"]
-    context = int(raw.get("max_position_embeddings") or defaults["max_position_embeddings"])
+    n_kv_heads = raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads)
+    if n_heads % n_kv_heads:  # grouped-query attention: each key/value head serves as many query heads
+        raise CheckpointError(f"config.json sets num_attention_heads={n_heads} over num_key_value_heads={n_kv_heads}: "
+                              "the query heads do not share the key/value heads evenly")
+    context = declared_context(raw)
     scaling, theta = rope_scaling(raw, context)
     head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     try:
         return TransformerConfig(
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
-            n_kv_heads=raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads),
-            ffn_dim=raw["intermediate_size"], head_dim=head_dim,
+            n_kv_heads=n_kv_heads, ffn_dim=raw["intermediate_size"], head_dim=head_dim,
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
             qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
@@ -67,6 +88,34 @@ def hf_config(raw: dict) -> TransformerConfig:
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
+
+
+REQUIRED_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: the class default
+
+
+def check_numbers(raw: dict) -> None:
+    """Refuse a count that is no positive integer (a string, null, zero, a float) and an epsilon that is no positive
+    number: carried into the entry, it would break at the entry's first use. A required count that is absent is left
+    to the caller's KeyError ('lacks')."""
+    for key in REQUIRED_COUNTS + OPTIONAL_COUNTS:
+        value = raw.get(key)
+        if (value is not None or key in raw and key in REQUIRED_COUNTS) and not (type(value) is int and value > 0):
+            raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive integer")
+    if "rms_norm_eps" in raw:
+        positive_number("rms_norm_eps", raw["rms_norm_eps"])
+
+
+def positive_number(key: str, value) -> float:
+    if type(value) not in (int, float) or not 0 < value < math.inf:
+        raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive number")
+    return float(value)
+
+
+def declared_context(raw: dict) -> int:
+    """The context an HF config declares: `max_position_embeddings`, else its class default (HF_ARCHITECTURES)."""
+    arch = (raw.get("architectures") or ["?"])[0]
+    return int(raw.get("max_position_embeddings") or HF_ARCHITECTURES[arch]["max_position_embeddings"])
 
 
 def capped_context(context: int, scaling: dict | None, window: int | None) -> int:
@@ -97,7 +146,7 @@ def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
     params = raw.get(key) or {}
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
         raise refuse(key, params, "per-layer RoPE parameters are not implemented")
-    theta = float(params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+    theta = positive_number("rope_theta", params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
 
     def need(name: str):
@@ -228,12 +277,20 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
             if all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))}
 
 
+def qkv_rows(cfg: TransformerConfig) -> list[int]:
+    """The rows of q, k and v in order along dim 0 of a fused projection (wqkv, Phi-3's qkv_proj)."""
+    return [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
+
+
 def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | None], fmt: str,
           source: str) -> dict[str, torch.Tensor]:
-    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent). A tensor the
-    model would ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
+    """specgen's state dict from the checkpoint's tensors `names`, pulled through `get` (None = absent), each of the
+    shape specgen's model for `cfg` gives it (else the entry would break at its first use). A tensor the model would
+    ignore (a bias, a norm or a RoPE factor it lacks) is refused: ignoring it would decode silently wrong.
     Precomputed RoPE buffers (`rotary_emb.inv_freq`) and a tied checkpoint's own head copy are ignored as transformers
     ignores them."""
+    with torch.device("meta"), random_fills_skipped():  # shapes only: nothing allocated or filled
+        shapes = Transformer(cfg).state_dict()
     wanted = layer_map(cfg, fmt)
     known = {t for theirs in wanted.values() for t in theirs}
     extra = sorted(n for n in names if n not in known and not n.endswith("rotary_emb.inv_freq")
@@ -247,6 +304,11 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
         parts = [get(t) for t in theirs]
         if missing := [t for t, p in zip(theirs, parts) if p is None]:
             raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
+        whole = shapes[ours]  # q, k, v: their rows of wqkv
+        for t, p, want in zip(theirs, parts, whole.split(qkv_rows(cfg)) if len(theirs) > 1 else (whole,)):
+            if p.shape != want.shape:
+                raise CheckpointError(f"{source}: tensor {t} has shape {list(p.shape)}; its config gives "
+                                      f"{list(want.shape)}")
         parts = spread_rotary(cfg, ours, parts) if cfg.rope_dim else parts
         state[ours] = torch.cat(parts, 0) if len(parts) > 1 else parts[0]
     return state
@@ -270,7 +332,7 @@ def shards(folder: Path) -> list[Path]:
     return [folder / n for n in names]
 
 
-def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Tensor]]:
+def load_hf_folder(folder: Path) -> Loaded:
     """An HF model folder (config.json + *.safetensors, possibly sharded)."""
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -311,14 +373,14 @@ def load_hf_folder(folder: Path) -> tuple[TransformerConfig, dict[str, torch.Ten
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
-    return cfg, remap(cfg, names, get, "hf", folder.name)
+    return Loaded(cfg, remap(cfg, names, get, "hf", folder.name), declared_context(raw))
 
 
 def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None],
             source: str) -> tuple[set[str], Callable[[str], torch.Tensor | None]]:
     """A checkpoint's tensor names and getter with each fused tensor of `arch` (`FUSED`) seen as the Llama tensors it
-    holds: a fused tensor read once for its parts (they are asked one after another), its rows checked against cfg."""
-    sizes = {"qkv": [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, "up": [cfg.ffn_dim] * 2}
+    holds: a fused tensor read once for its parts (they are asked one after another), its shape checked against cfg."""
+    sizes = {"qkv": qkv_rows(cfg), "up": [cfg.ffn_dim] * 2}
     parts = {}  # a Llama name -> (the fused tensor, its rows' split, the part)
     for i in range(cfg.n_layers):
         prefix = LAYER_PREFIX[fmt].format(i=i)
@@ -333,8 +395,9 @@ def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored
         if whole not in held:
             held.clear()
             held[whole] = stored(whole)
-        if held[whole].shape[0] != sum(split):
-            raise CheckpointError(f"{source}: {whole} has {held[whole].shape[0]} rows; its config gives {sum(split)}")
+        if held[whole].shape != (sum(split), cfg.dim):  # a fused weight's rows are its parts', its columns the input
+            raise CheckpointError(f"{source}: tensor {whole} has shape {list(held[whole].shape)}; its config gives "
+                                  f"{[sum(split), cfg.dim]}")
         return held[whole].split(split)[part]
 
     return {n for n in names if n not in {whole for whole, _, _ in parts.values()}} | set(parts), get

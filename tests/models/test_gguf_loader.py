@@ -77,14 +77,16 @@ def test_a_llama3_gguf_decodes_as_transformers_llama3(tmp_path):
     that model's logits, and so does the `hf` row's export of it. Control: the same GGUF without the factors."""
     theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3, tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     factors = llama3_factors(cfg.hd, cfg.rope_theta, LLAMA3)
     assert factors[0] == 1 and 1 < factors[1] < 8 and factors[-1] == 8  # every band of the scaling is tested
     write_gguf(tmp_path / "l3.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
     write_gguf(tmp_path / "plain.gguf", cfg, state)
     models = {}
     for name in ("l3", "plain"):
-        got_cfg, got_state = load_gguf(tmp_path / f"{name}.gguf")
+        loaded = load_gguf(tmp_path / f"{name}.gguf")
+        got_cfg, got_state = loaded.cfg, loaded.state
         models[name] = Transformer(got_cfg).eval()
         models[name].load_state_dict(got_state)
     assert models["l3"].cfg.rope_scaling == {"rope_type": "factors",
@@ -107,10 +109,12 @@ def test_a_qwen_or_phi3_gguf_decodes_as_transformers_model(arch, tmp_path):
                      }[arch]
     theirs = hf_model(hf_arch, tie_word_embeddings=False, **over)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     write_gguf(tmp_path / "q.gguf", cfg, state, arch=arch.replace("phi4", "phi3"))
     seen = []  # the progress callback: each stored tensor converted once, a fused one too
-    got_cfg, got_state = load_gguf(tmp_path / "q.gguf", lambda i, n: seen.append((i, n)))
+    loaded = load_gguf(tmp_path / "q.gguf", lambda i, n: seen.append((i, n)))
+    got_cfg, got_state = loaded.cfg, loaded.state
     assert seen == [(i, seen[0][1]) for i in range(1, seen[0][1] + 1)]
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
@@ -126,13 +130,15 @@ def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, co
     capped there, as for an HF folder, and the model is the same; a window that is no positive count is refused."""
     theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     write_gguf(tmp_path / "w.gguf", cfg, state, **({} if window is None else dict(sliding_window=window)))
     if context is None:
         with pytest.raises(UsageError, match="sliding_window=0: not a positive window"):
             load_gguf(tmp_path / "w.gguf")
         return
-    got_cfg, got_state = load_gguf(tmp_path / "w.gguf")
+    loaded = load_gguf(tmp_path / "w.gguf")
+    got_cfg, got_state = loaded.cfg, loaded.state
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
     assert got_cfg.max_seq_len == context
@@ -144,7 +150,8 @@ def test_rope_freqs_of_another_length_or_not_positive_are_refused(factors, tmp_p
     """rope_freqs.weight holds one positive divisor a frequency; any other is one line naming what it must be."""
     theirs = hf_model("LlamaForCausalLM")
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     write_gguf(tmp_path / "bad.gguf", cfg, state, {"rope_freqs.weight": np.array(factors, dtype=np.float32)})
     with pytest.raises(CheckpointError, match="bad.gguf: RoPE factors must be a list of 4 positive finite numbers"):
         load_gguf(tmp_path / "bad.gguf")
@@ -162,7 +169,8 @@ def test_partial_rope_other_than_phi3s_even_dims_is_refused(arch, rotary, error,
     an odd number of dims or over none, one line names it."""
     theirs = hf_model("Phi3ForCausalLM" if arch == "phi3" else "Qwen2ForCausalLM", pad_token_id=0)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     write_gguf(tmp_path / "p.gguf", cfg, state, arch=arch, rope_dimension_count=rotary)
     with pytest.raises(error, match=re.escape(needle)):
         load_gguf(tmp_path / "p.gguf")
@@ -175,10 +183,12 @@ def test_a_gguf_rope_scaling_loads_as_the_hf_config_it_came_from(kind, tmp_path)
     scaling = {"rope_type": kind, "factor": 4.0, **({"original_max_position_embeddings": 32} if kind == "yarn" else {})}
     theirs = hf_model("LlamaForCausalLM", rope_scaling=scaling, tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     keys = dict(rope_scaling_type=RopeScalingType(kind), rope_scaling_factor=4.0)
     write_gguf(tmp_path / "s.gguf", cfg, state, **keys, **({"rope_scaling_orig_ctx_len": 32} if kind == "yarn" else {}))
-    got_cfg, got_state = load_gguf(tmp_path / "s.gguf")
+    loaded = load_gguf(tmp_path / "s.gguf")
+    got_cfg, got_state = loaded.cfg, loaded.state
     assert got_cfg.rope_scaling == cfg.rope_scaling
     ours = Transformer(got_cfg).eval()
     ours.load_state_dict(got_state)
@@ -193,12 +203,14 @@ def test_a_phi3_longrope_gguf_loads_as_its_hf_folder(tmp_path):
     theirs = hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope, original_max_position_embeddings=32,
                       tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     tensors = {f"rope_factors_{x}.weight": np.array(longrope[f"{x}_factor"], dtype=np.float32)
                for x in ("short", "long")}
     write_gguf(tmp_path / "p.gguf", dataclasses.replace(cfg, max_seq_len=256), state, tensors, arch="phi3",
                rope_scaling_attn_factors=math.sqrt(1 + math.log(256 / 32) / math.log(32)), rope_scaling_orig_ctx_len=32)
-    got_cfg, got_state = load_gguf(tmp_path / "p.gguf")
+    loaded = load_gguf(tmp_path / "p.gguf")
+    got_cfg, got_state = loaded.cfg, loaded.state
     got, want = dict(got_cfg.rope_scaling), dict(cfg.rope_scaling)  # the attention factor as the file's float32
     assert got.pop("attention_factor") == pytest.approx(want.pop("attention_factor"), rel=1e-7) and got == want
     assert got_cfg.max_seq_len == 32
@@ -220,7 +232,8 @@ def test_a_phi3_longrope_gguf_loads_as_its_hf_folder(tmp_path):
 def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tmp_path):
     """A RoPE key the loader does not map (or a factor that scales nothing) is one line naming it."""
     hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
-    cfg, state = load_hf_folder(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, state = loaded.cfg, loaded.state
     write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
     with pytest.raises(UsageError, match=f"s.gguf sets llama.{needle}, which specgen's GGUF loader does not map"):
         load_gguf(tmp_path / "s.gguf")
@@ -252,3 +265,55 @@ def test_a_gguf_without_an_architecture_is_not_a_model(tmp_path):
     w.close()
     with pytest.raises(UsageError, match="^GGUF file data.gguf names no general.architecture: not a model's weights$"):
         load_gguf(tmp_path / "data.gguf")
+
+
+def test_a_gguf_import_records_its_own_context_as_an_hf_folders_does(tmp_path):
+    """A GGUF's context_length past specgen's cap (8192) was not recorded: its entry said nothing of the 32768 tokens
+    the checkpoint declares, where the entry of its HF folder records them as source_context."""
+    from specgen.importer import import_checkpoint
+
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False, max_position_embeddings=32768).save_pretrained(
+        tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    tokenizer = dict(tokenizer_model="gpt2", token_list=[chr(i) for i in range(33, 97)], token_types=[1] * 64,
+                     token_scores=[0.0] * 64, token_merges=[], eos_token_id=0)  # transformers converts it on import
+    write_gguf(tmp_path / "l.gguf", dataclasses.replace(loaded.cfg, max_seq_len=32768), loaded.state, **tokenizer)
+    for source in ("hf", "l.gguf"):
+        entry = import_checkpoint(tmp_path / source, source.replace(".", "-"))
+        assert entry.meta["source_context"] == 32768 and entry.meta["kwargs"]["max_seq_len"] == 8192
+
+
+def test_a_gguf_tensor_of_another_shape_than_its_keys_give_is_named(tmp_path):
+    """As an HF folder's: a tensor cut short was converted into an entry that broke at its first use."""
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    state = {**loaded.state, "layers.1.feed_forward.w2.weight": loaded.state["layers.1.feed_forward.w2.weight"][:, :40]}
+    write_gguf(tmp_path / "cut.gguf", loaded.cfg, state)
+    with pytest.raises(CheckpointError, match=r"^cut.gguf: tensor blk.1.ffn_down.weight has shape \[32, 40\]; its "
+                                              r"config gives \[32, 48\]$"):
+        load_gguf(tmp_path / "cut.gguf")
+
+
+def test_a_gguf_without_a_tokenizer_is_one_line_naming_it(tmp_path):
+    """A GGUF holding no tokenizer printed transformers' 'Can't find a way to retrieve missing config vocab_size' and
+    then 'ValueError: Cannot build a tokenizer ...', naming no file; now the one line, and nothing registered."""
+    import logging
+
+    from specgen import registry
+    from specgen.importer import import_checkpoint
+
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "bare.gguf", loaded.cfg, loaded.state)
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        with pytest.raises(CheckpointError, match=f"^cannot load the tokenizer of {tmp_path / 'bare.gguf'}: "
+                                                  "ValueError: Cannot build a tokenizer from a GGUF file"):
+            import_checkpoint(tmp_path / "bare.gguf", "bare")
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert [r.getMessage() for r in said] == []
+    assert not (registry.checkpoints_dir() / "target" / "bare").exists()

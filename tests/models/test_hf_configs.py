@@ -45,7 +45,8 @@ def hf_model(arch: str, **over):
 
 
 def load(folder) -> Transformer:
-    cfg, state = load_hf_folder(folder)
+    loaded = load_hf_folder(folder)
+    cfg, state = loaded.cfg, loaded.state
     model = Transformer(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and missing == (["output.weight"] if cfg.tie_embeddings else [])
@@ -167,13 +168,33 @@ def test_longrope_loads_its_short_factors_and_caps_the_context_at_the_original(p
     assert not torch.allclose(logits(wrong, tokens(32)), logits(theirs, tokens(32)), atol=1e-2)
 
 
+@pytest.mark.parametrize("name,shape", [("model.layers.1.mlp.down_proj.weight", [32, 40]),  # imported, broken
+                                        ("model.layers.0.self_attn.k_proj.weight", [16, 16]),  # a RuntimeError
+                                        ("model.norm.weight", [33])])
+def test_a_tensor_of_another_shape_than_its_config_gives_is_named(name, shape, tmp_path):
+    """A tensor cut to another shape than config.json gives it was imported into an entry that failed at its first
+    use (or, among q/k/v, was torch.cat's bare 'Sizes of tensors must match'): now one line naming it."""
+    from safetensors.torch import load_file, save_file
+
+    hf_model("LlamaForCausalLM").save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    state[name] = torch.zeros(shape)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    want = {"model.layers.1.mlp.down_proj.weight": [32, 48], "model.layers.0.self_attn.k_proj.weight": [16, 32],
+            "model.norm.weight": [32]}[name]
+    with pytest.raises(CheckpointError) as err:
+        load_hf_folder(tmp_path)
+    assert str(err.value) == f"{tmp_path.name}: tensor {name} has shape {shape}; its config gives {want}"
+
+
 def test_a_fused_product_that_does_not_split_as_its_config_says_is_named(tmp_path):
     """Phi-3's gate_up_proj holds 2 x intermediate_size rows: a config.json that disagrees is one line naming the
     tensor, not a shape error from deep inside a load."""
     hf_model("Phi3ForCausalLM", pad_token_id=0).save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**raw, "intermediate_size": 40}))
-    with pytest.raises(CheckpointError, match="gate_up_proj.weight has 96 rows; its config gives 80"):
+    with pytest.raises(CheckpointError, match=r"tensor model.layers.0.mlp.gate_up_proj.weight has shape \[96, 32\]; "
+                                              r"its config gives \[80, 32\]"):
         load_hf_folder(tmp_path)
 
 
@@ -231,6 +252,28 @@ def test_refusals_name_the_key(over, named):
     assert named in message and "\n" not in message
 
 
+@pytest.mark.parametrize("over,says", [
+    (dict(num_attention_heads="4"), 'num_attention_heads="4": not a positive integer'),
+    (dict(vocab_size=None), "vocab_size=null: not a positive integer"),
+    (dict(num_key_value_heads=0), "num_key_value_heads=0: not a positive integer"),
+    (dict(num_hidden_layers=True), "num_hidden_layers=true: not a positive integer"),
+    (dict(intermediate_size=48.0), "intermediate_size=48.0: not a positive integer"),
+    (dict(max_position_embeddings=-1), "max_position_embeddings=-1: not a positive integer"),
+    (dict(rms_norm_eps="x"), 'rms_norm_eps="x": not a positive number'),
+    (dict(rope_theta="x"), 'rope_theta="x": not a positive number'),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": -1}), "rope_theta=-1: not a positive number"),
+    (dict(num_key_value_heads=3), "num_attention_heads=4 over num_key_value_heads=3: the query heads do not share "
+                                  "the key/value heads evenly"),
+])
+def test_a_config_number_that_builds_no_model_is_one_line(over, says):
+    """A count that was a string, null, zero or a float, or an epsilon that was a string, was carried into the entry
+    (`registry import` succeeded, the entry failed at its first use); a RoPE base that was a string was a bare
+    ValueError."""
+    with pytest.raises(CheckpointError) as err:
+        hf_config(raw_llama(**over))
+    assert str(err.value) == f"config.json sets {says}"
+
+
 @pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])
 def test_a_phi3_partial_rotary_factor_of_no_even_dims_says_which_it_needs(factor, dims):
     """A factor giving an odd count, none or more than a head's dims is refused with the count and what it must be
@@ -259,13 +302,14 @@ def test_a_tied_config_with_a_different_stored_head_loads_the_stored_head_as_tra
     state = load_file(str(tmp_path / "model.safetensors"))
     state["lm_head.weight"] = torch.randn_like(state["model.embed_tokens.weight"])
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    cfg, ours = load_hf_folder(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    cfg, ours = loaded.cfg, loaded.state
     assert not cfg.tie_embeddings and torch.equal(ours["output.weight"], state["lm_head.weight"])
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"])
     state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    assert load_hf_folder(tmp_path)[0].tie_embeddings
+    assert load_hf_folder(tmp_path).cfg.tie_embeddings
 
 
 def test_tensor_the_model_would_ignore_is_refused(tmp_path):
@@ -292,3 +336,62 @@ def test_registry_import_keeps_the_math(tmp_path, specgen_home):
     ours = checkpoints.load_module(checkpoints.find("target/tiny-qwen3")).eval()
     assert ours.cfg.qk_norm and ours.cfg.rope_scaling["rope_type"] == "yarn"
     assert_same(ours, theirs, tokens(96))
+
+
+def test_the_hf_export_of_a_longrope_model_prints_nothing(tmp_path):
+    """to_hf (the `hf` benchmark row) of a LongRoPE model (Phi-3.5-mini's kind) printed transformers' advice to set
+    rope_parameters' factor instead of original_max_position_embeddings: the export left the factor out. Run in a
+    fresh interpreter, as a user's is: transformers prints each such warning once a process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    longrope = {"rope_type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling=longrope,
+             original_max_position_embeddings=32).save_pretrained(tmp_path)
+    code = ("import pathlib, sys\n"
+            "from specgen.models.hf_export import to_hf\n"
+            "from tests.models.test_hf_configs import load\n"
+            "assert to_hf(load(pathlib.Path(sys.argv[1]))).config.rope_parameters['rope_type'] == 'longrope'\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and done.stderr == ""
+
+
+def test_registry_import_of_a_published_longrope_config_prints_nothing_but_the_entry(tmp_path):
+    """`registry import` of a Phi-3.5-mini style folder (rope_scaling type longrope without a factor, the original
+    context at the top level, as published) printed transformers' advice to set rope_parameters' factor: its tokenizer
+    loads through AutoTokenizer, which reads the config.json and validates it. Run as a user's command is: a fresh
+    interpreter (transformers prints each such warning once a process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.pcllm_fixtures import char_tokenizer
+
+    longrope = {"type": "longrope", "short_factor": [1.0, 1.5, 3.0, 6.0], "long_factor": [1.0, 2.0, 8.0, 16.0]}
+    hf_model("Phi3ForCausalLM", pad_token_id=0, rope_scaling={**longrope, "rope_type": "longrope"},
+             original_max_position_embeddings=32).save_pretrained(tmp_path)
+    char_tokenizer().save_pretrained(str(tmp_path))
+    raw = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items() if k != "rope_parameters"}
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "rope_scaling": longrope, "rope_theta": 100.0,
+                                                      "max_position_embeddings": 131072, "eos_token_id": 2}))
+    done = subprocess.run([sys.executable, "-m", "cli.main", "registry", "import", str(tmp_path), "--name", "phi"],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "target/phi\n", "")
+
+
+def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_folder(tmp_path):
+    """A folder whose tokenizer.json is no JSON was 'JSONDecodeError: Expecting property name ...', naming no file;
+    nothing is registered."""
+    from specgen import registry
+    from specgen.importer import import_checkpoint
+    from tests.pcllm_fixtures import char_tokenizer
+
+    hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "m")
+    char_tokenizer().save_pretrained(str(tmp_path / "m"))
+    (tmp_path / "m" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=f"^cannot load the tokenizer of {tmp_path / 'm'}: JSONDecodeError: "
+                                              "Expecting property name"):
+        import_checkpoint(tmp_path / "m", "m")
+    assert not (registry.checkpoints_dir() / "target" / "m").exists()

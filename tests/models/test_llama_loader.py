@@ -35,7 +35,8 @@ def test_hf_folder_roundtrip(tmp_path):
     hf.config.architectures = ["LlamaForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(hf.config.to_dict()))
     save_file({k: v.contiguous() for k, v in hf_state(model).items()}, str(tmp_path / "model.safetensors"))
-    cfg, state = load_hf_folder(tmp_path)
+    got = load_hf_folder(tmp_path)
+    cfg, state = got.cfg, got.state
     assert cfg.rope_layout == "half" and cfg.n_kv_heads == 2
     from specgen.models.transformer import Transformer
 
