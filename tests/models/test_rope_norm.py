@@ -65,18 +65,19 @@ def test_a_still_rotation_keeps_every_value_bit_for_bit(dtype, layout):
 
 @pytest.mark.parametrize("cached", [False, True])
 def test_a_model_without_rope_in_any_layer_reads_no_positions(cached):
-    """All layers NoPE: the logits of a sequence do not depend on where it starts (eager, and over a cache on the
-    CPU's native attention, whose kernel applies the rotation); control: one RoPE layer makes them depend on it."""
+    """All layers NoPE: a sequence's logits do not depend on its positions (eager, and over a cache on the CPU's
+    native attention, whose kernel applies the rotation); control: one RoPE layer makes them depend on the distances
+    between positions (RoPE ignores a common shift, so the positions are spread, not shifted)."""
     tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    spread = torch.tensor([[0, 3, 4, 10, 11, 30, 31, 40]])
 
-    def logits(model, start: int) -> torch.Tensor:
-        positions = torch.arange(start, start + tokens.shape[1])[None]
+    def logits(model, positions: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
             return model(tokens, positions, model.new_cache(1, 64) if cached else None)[0]
 
     nope, half = tiny_model(0, nope_layers=(0, 1)), tiny_model(0, nope_layers=(1,))
-    assert torch.equal(logits(nope, 0), logits(nope, 9))
-    assert not torch.allclose(logits(half, 0), logits(half, 9), atol=1e-3)
+    assert torch.equal(logits(nope, torch.arange(8)[None]), logits(nope, spread))
+    assert not torch.allclose(logits(half, torch.arange(8)[None]), logits(half, spread), atol=1e-3)
 
 
 @pytest.mark.parametrize("layers", [(2,), (1, 0), (0, 0), (-1,)])
