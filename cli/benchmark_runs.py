@@ -24,7 +24,7 @@ from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
-                                     measure, plan, resolved_of, rows_of, skipped_rows)
+                                     measure, plan, resolved_of, rows_of)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -87,7 +87,7 @@ class TextSuite:
 
     def finish(self, p, sink, quiet: bool, shown=every) -> list[dict]:
         rows = [r for r in rows_of(p, sink) if shown(r)]
-        for why in skipped_rows(sink).values():  # a row that cannot run here: its one line, then no row
+        for why in sink.skipped_rows().values():  # a row that cannot run here: its one line, then no row
             _output.err.print(why, markup=False, soft_wrap=True)
         return rows
 
@@ -207,8 +207,9 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
     sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
-    records = sink.records()
-    steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
+    grids = suite.grids(p)
+    records = sink.records(grids)
+    steps = sum(len(left) for g in grids for left in g.left(records, this))  # 0: nothing loads
     if steps:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)

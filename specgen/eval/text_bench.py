@@ -305,7 +305,8 @@ def resolved_of(p: Plan) -> dict:
 
 def grid(p: Plan, skipped=()) -> Grid:
     """The run's items: its prompts, with every row of the plan but `skipped` (peer rows that cannot run here)."""
-    return Grid(len(p.items), tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}")
+    return Grid(len(p.items), tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}",
+                run=Run)
 
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
@@ -411,14 +412,10 @@ def warm_prompts(prompts: list[list[int]]) -> list[list[int]]:
 RESUMED = " (when this shard's run started: its records lack the row; a new --run-dir measures it)"
 
 
-def skipped_rows(sink) -> dict[str, str]:
-    """row -> why a shard could not run it (a peer row: llamacpp without llama-cpp-python), from the machine files."""
-    return {m: why for info in sink.machines().values() for m, why in (info.get("skipped") or {}).items()}
-
-
 def rows_of(p: Plan, sink) -> list[dict]:
-    """The rows of a finished run (every shard merged), without those a shard could not run (`skipped_rows`)."""
-    return text_rows(sink.records(), grid(p, skipped_rows(sink)), p.meta, sink.machines(),
+    """The rows of a finished run (every shard merged), without those a shard could not run (`RunDir.skipped_rows`)."""
+    work = grid(p, sink.skipped_rows())
+    return text_rows(sink.finished([work], "items"), work, p.meta, sink.machines(),
                      [item.prompt.category for item in p.items])
 
 

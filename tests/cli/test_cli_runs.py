@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,10 +124,98 @@ def test_a_record_line_nested_past_the_recursion_limit_is_skipped_as_corrupt(tmp
     with open(tmp_path / "run" / "records-0-of-1.jsonl", "a") as f:
         f.write("[" * 100_000 + "]" * 100_000 + "\n")
     run.append(Shard(), {"item": "i1", "runs": {}})
-    assert sorted(run.records()) == ["i0", "i1"]
+    with pytest.warns(UserWarning, match="records-0-of-1.jsonl line 2 is no record of this run: it is not JSON"):
+        assert sorted(run.records()) == ["i0", "i1"]
     (tmp_path / "run" / "run.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UsageError, match=r"run.json is unreadable \(RecursionError\)"):
         RunDir.existing(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """Where the first test asking for a `finished` run measures it; the others copy it."""
+    return tmp_path_factory.mktemp("measured") / "run"
+
+
+FINISHED = bench(3, 8, "1,2", "execute=false")  # records: prompts 0, 1, 2 at batch 1, then ar, ngram, jacobi at B 2
+
+
+@pytest.fixture
+def finished(measured, request, tmp_path) -> Path:
+    """A copy of a finished run folder of FINISHED."""
+    if not measured.exists():
+        request.getfixturevalue("long_tiny_target")
+        assert invoke(*FINISHED, "--run-dir", measured).exit_code == 0
+    shutil.copytree(measured, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def edit_line(run: Path, line: int, edit) -> Path:
+    """Line `line` (from 0) of the run's records file edited (`edit` changes its record) or replaced (a str)."""
+    file = run / "records-0-of-1.jsonl"
+    lines = file.read_text().splitlines(keepends=True)
+    if isinstance(edit, str):
+        lines[line] = edit + "\n"
+    else:
+        rec = json.loads(lines[line])
+        edit(rec)
+        lines[line] = json.dumps(rec) + "\n"
+    file.write_text("".join(lines))
+    return file
+
+
+# (line, edit, why the line is no record): a record no summary can read, edited or another run's
+UNREADABLE = {
+    "another config's (a row fewer)": (0, lambda r: r["runs"].pop("jacobi"), "its runs lack row 'jacobi'"),
+    "runs a list at batch 1": (1, lambda r: r.update(runs=[]), "its runs are a list, not an object of Runs"),
+    "a run without a field": (0, lambda r: r["runs"]["ar"].pop("tokens"), "runs.ar lacks 'tokens'"),
+    "a run with a field no run has": (0, lambda r: r["runs"]["ar"].update(bogus=1), "runs.ar has 'bogus', no field"),
+    "a string for a list": (0, lambda r: r["runs"]["ngram"].update(tokens="abc"),
+                            "runs.ngram.tokens is a string, not list[int]"),
+    "a string in a list": (2, lambda r: r["runs"]["ar"]["tokens"].insert(1, "x"),
+                           "runs.ar.tokens[1] is a string, not int"),
+    "null for a number": (0, lambda r: r["runs"]["ar"].update(forwards=None), "runs.ar.forwards is null, not int"),
+    "a boolean for a number": (0, lambda r: r["runs"]["ar"].update(steps=True), "runs.ar.steps is a boolean, not int"),
+    "a number for a string": (0, lambda r: r["runs"]["ar"].update(shard=0), "runs.ar.shard is an integer, not str"),
+    "a list for a run": (0, lambda r: r["runs"].update(ar=[1, 2]), "runs.ar is a list, not Run"),
+    "another suite's run": (0, lambda r: r["runs"].update(ar={"tokens": [1], "stats": {}, "shard": "0-of-1"}),
+                            "runs.ar has 'stats', no field of Run"),
+    "batched without indices": (3, lambda r: r.pop("indices"), "it lacks 'indices'"),
+    "batched without wall": (4, lambda r: r.pop("wall"), "it lacks 'wall'"),
+    "batched wall a string": (5, lambda r: r.update(wall="1s"), "wall is a string, not float"),
+    "batched runs an object": (3, lambda r: r.update(runs={}), "runs is an object, not list[Run]"),
+    "batched runs fewer than indices": (3, lambda r: r["runs"].pop(), "it has 2 runs for 3 indices"),
+    "batched run without a number": (4, lambda r: r["runs"][1].update(seconds=None),
+                                     "runs[1].seconds is null, not float"),
+    "JSON of another shape": (0, "[1, 2]", "it is JSON without an item and its runs"),
+    "a table row, not a record": (3, '{"method": "ar", "tokens_per_s": 3.0}',
+                                  "it is JSON without an item and its runs"),
+    "not JSON": (0, "{garbage", "it is not JSON"),
+}
+
+
+@pytest.mark.parametrize("line, edit, why", UNREADABLE.values(), ids=UNREADABLE)
+def test_a_record_no_summary_can_read_is_named_in_the_one_line_of_a_report(finished, line, edit, why):
+    """A record line with its item and runs was taken as read: one a summary could not read (edited, another
+    config's: its runs lack a row) failed `benchmark report` with 'error: KeyError: 'jacobi'', exit 1, or reported
+    its wrong numbers. It is no record, as a torn or foreign line is: its item is missing, named in one line."""
+    file = edit_line(finished, line, edit)
+    r = invoke("benchmark", "report", str(finished))
+    assert r.exit_code == 2 and r.stdout == "" and len(r.output.strip().splitlines()) == 1, r.output
+    assert "error: the run is not finished: " in r.output
+    assert f"; {file} line {line + 1} is no record of this run: {why}" in r.output
+
+
+def test_a_resume_measures_again_the_item_of_a_record_no_summary_can_read(finished, long_tiny_target):  # noqa: F811
+    before = rows_of(invoke("benchmark", "report", str(finished), "--format", "json"))
+    file = edit_line(finished, 0, lambda r: r["runs"].pop("jacobi"))
+    r = invoke(*FINISHED, "--run-dir", finished, "--format", "json")  # the run's command again
+    assert r.exit_code == 0 and exact(json.loads(r.stdout)) == exact(before), r.output
+    assert r.stderr.splitlines() == [f"warning: UserWarning: {file} line 1 is no record of this run: its runs lack "
+                                     "row 'jacobi' (another config's record?) (skipped: a run of the folder measures "
+                                     "its item again)"]
+    assert records(finished).count("b1/p0") == 2  # the unreadable line stays; the item counts once
+    assert exact(rows_of(invoke("benchmark", "report", str(finished), "--format", "json"))) == exact(before)
 
 
 def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
