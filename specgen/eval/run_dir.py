@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
+import time
 import warnings
 import weakref
 from datetime import timedelta
@@ -13,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterator, Sequence
 
-from specgen.errors import UsageError
+from specgen.errors import RuntimeFailure, UsageError
 from specgen.eval import json_shape
 from specgen.paths import atomic_write_text, check_space, nearest_existing, write_new, written_elsewhere
 
@@ -60,15 +62,51 @@ def launcher_shard() -> Shard | None:
         raise UsageError(f"RANK={rank!r} / WORLD_SIZE={world!r} from the launcher are not integers") from None
 
 
-def wait_for_ranks() -> None:
-    """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so
-    rank 0 merges only finished shards. A benchmark shard may take hours: the timeout is a week."""
+class LauncherGone(RuntimeFailure):
+    """The launcher that started this rank died while the rank waited for the others (killed alone: SIGKILL)."""
+
+
+LAUNCHER_POLL_S = 1.0  # how often a waiting rank looks for its launcher
+
+
+def wait_for_ranks(launcher: int, run_dir: Path) -> None:
+    """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so rank 0
+    merges only finished shards; a benchmark shard may take hours, so the meeting's timeout is a week. Its rendezvous
+    needs the launcher (torchrun's agent holds the store), and a launcher killed alone cannot stop its ranks: they
+    would wait out the week. So the meeting runs in a thread while this one checks each LAUNCHER_POLL_S that the
+    launcher (pid `launcher`, this rank's parent when it started) is still its parent (a dead parent's children are
+    given to another), and raises LauncherGone when it is not."""
     import torch.distributed as dist  # deferred: start-up (this module is read by torch-free `specgen --help`)
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(days=7))
-    dist.barrier()
-    dist.destroy_process_group()
+    failed: list[BaseException] = []
+
+    def meet() -> None:
+        try:
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=timedelta(days=7))
+            dist.barrier()
+            dist.destroy_process_group()
+        except BaseException as e:  # raised again by the waiting thread, once it has looked for the launcher
+            failed.append(e)
+
+    # a daemon: a meeting left blocked (connecting to the dead launcher's store) does not hold this process's exit
+    meeting = threading.Thread(target=meet, name="wait_for_ranks", daemon=True)
+    meeting.start()
+    meeting.join(LAUNCHER_POLL_S)
+    while meeting.is_alive():  # (a meeting that took place stands, whatever happens to the launcher after it)
+        check_launcher(launcher, run_dir)
+        meeting.join(LAUNCHER_POLL_S)
+    if failed:
+        time.sleep(LAUNCHER_POLL_S)  # a dying launcher closes its store's connections before its ranks are reparented
+        check_launcher(launcher, run_dir)
+        raise failed[0]
+
+
+def check_launcher(launcher: int, run_dir: Path) -> None:
+    if os.getppid() != launcher:
+        raise LauncherGone(f"the launcher that started this rank (pid {launcher}) died before every rank was done; "
+                           f"the items measured are recorded in {run_dir}: rerun the same command to measure the "
+                           "rest (items with a record are skipped) and print the table")
 
 
 def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from specgen.eval.run_dir import LAUNCHER_POLL_S
 from specgen.models.kernel_choice import ENV as KERNEL_ENV
 from tests.cli.test_cli_image import tiny_image  # noqa: F401
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401
@@ -351,6 +352,115 @@ def test_mesh_shards_give_the_single_process_rows(tmp_path):
     assert pick(rows_of(invoke("benchmark", "report", str(run), "--format", "json"))) == pick(single)
 
 
+def gone(pid: int) -> bool:
+    """Whether process `pid` ended (a zombie too: an orphan's new parent may not have reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    def parent(stat: Path) -> int:
+        try:
+            return int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError):
+            return 0
+    return [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if parent(stat) == pid]
+
+
+def exit_within(pids: list[int], seconds: float) -> list[int]:
+    """Those of `pids` still running after `seconds` (polled: a liveness check, not a measure of speed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(map(gone, pids)):
+        time.sleep(0.2)
+    return [p for p in pids if not gone(p)]
+
+
+RANK = """
+import os, sys
+from pathlib import Path
+from cli.benchmark_runs import merged_rows
+from specgen.eval.run_dir import LauncherGone, RunDir, Shard
+sink = RunDir.open(Path(sys.argv[1]), "humaneval", {})
+print("waiting", flush=True)
+try:
+    merged_rows(sink, lambda s: [], Shard(1, 2), os.getppid(), False)
+except LauncherGone as e:
+    print(e, flush=True)
+"""
+
+
+def test_a_rank_waiting_for_the_others_exits_when_its_launcher_is_killed(tmp_path):
+    """A launcher rank done with its items waits for the others (gloo, timeout a week); the rendezvous needs the
+    launcher (torchrun's agent holds the store), so with the launcher SIGKILLed alone (it cannot stop its ranks) the
+    rank waited out the week. Here the rank (RANK 1 of 2) waits on a rendezvous port nothing listens on, as when the
+    store died with the launcher; its launcher, a stand-in for torchrun, is killed: the rank says so and ends."""
+    import socket
+
+    with socket.socket() as sock:  # a free port: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "rank.out"
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    start = (f"import subprocess, sys, time; rank = subprocess.Popen([sys.executable, '-c', {RANK!r}, "
+             f"{str(tmp_path / 'run')!r}], stdout=open({str(out)!r}, 'w'), stderr=subprocess.STDOUT); "
+             "print(rank.pid, flush=True); time.sleep(600)")
+    launcher = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True, env=env,
+                                cwd=Path(__file__).parents[2])
+    try:
+        rank = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while "waiting" not in out.read_text() and not gone(rank) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * LAUNCHER_POLL_S)  # the rank waits, looking for its launcher
+        assert not gone(rank), out.read_text()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    left = exit_within([rank], 60)
+    if left:
+        os.kill(rank, signal.SIGKILL)
+    assert not left, "the rank still waits 60 s after its launcher died"
+    assert out.read_text().splitlines()[-1] == (
+        f"the launcher that started this rank (pid {launcher.pid}) died before every rank was done; the items measured "
+        f"are recorded in {tmp_path / 'run'}: rerun the same command to measure the rest (items with a record are "
+        "skipped) and print the table")
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_end_when_the_launcher_alone_is_killed(long_tiny_target, tmp_path):  # noqa: F811
+    """torchrun SIGKILLed alone (its ranks go on): rank 0, whose items were recorded, waits for rank 1, which still
+    measures. Each says in its one line that the launcher died, once done (rank 1's records are complete), and
+    rerunning the same command prints the table from the records."""
+    run = tmp_path / "run"
+    args = [*map(str, bench(24, 64, "1")), "execute=false", "--run-dir", str(run), "--format", "json"]
+    assert invoke(*args, "--shard", "0/2").exit_code == 0  # rank 0's items: it only waits
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cli.main", *args]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=Path(__file__).parents[2])
+    rank1 = run / "records-1-of-2.jsonl"
+    deadline = time.monotonic() + 120
+    while not (rank1.is_file() and rank1.read_text()) and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.1)
+    ranks = children(launcher.pid)
+    launcher.kill()  # SIGKILL: it cannot stop its ranks
+    launcher.wait()
+    assert len(ranks) == 2 and len(rank1.read_text().splitlines()) < 12, launcher.stderr.read()[-2000:]
+    left = exit_within(ranks, 60)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "ranks still wait 60 s after their launcher died"
+    err = launcher.stderr.read()  # (the ranks wrote into the launcher's pipe; all of them are gone)
+    assert err.count(f"error: the launcher that started this rank (pid {launcher.pid}) died before every rank was "
+                     "done") == 2, err[-2000:]
+    assert len(rank1.read_text().splitlines()) == 12  # the measuring rank finished its items first
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and [r["prompts"] for r in json.loads(done.stdout)] == [24] * 3, done.stderr[-2000:]
+
+
 def test_launcher_ranks_each_take_their_own_gpu(monkeypatch):
     """Under torchrun a bare `cuda` (or `auto` on a GPU node) is this rank's local GPU, so ranks do not share GPU 0."""
     import torch
@@ -397,7 +507,7 @@ def test_of_shards_that_finish_at_once_one_prints_the_table(tmp_path, capsys):
     from specgen.eval.run_dir import RunDir, Shard
 
     sink, rows = RunDir.open(tmp_path / "run", "humaneval", {"limit": 2}), [{"method": "ar"}]
-    assert merged_rows(sink, lambda s: rows, Shard(1, 2), False, False) == rows
-    assert merged_rows(sink, lambda s: rows, Shard(0, 2), False, False) is None
+    assert merged_rows(sink, lambda s: rows, Shard(1, 2), None, False) == rows
+    assert merged_rows(sink, lambda s: rows, Shard(0, 2), None, False) is None
     assert "the table was printed by shard 1/2" in capsys.readouterr().err
-    assert merged_rows(sink, lambda s: rows, Shard(0, 1), False, False) == rows  # one shard: every rerun prints
+    assert merged_rows(sink, lambda s: rows, Shard(0, 1), None, False) == rows  # one shard: every rerun prints
