@@ -18,7 +18,8 @@ KINDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", 
 
 def fault(value: Any, hint: Any, where: str) -> str | None:
     """Why JSON `value` cannot be read as `hint`, naming the place in it from `where` (e.g. runs.ar.tokens[3]), or
-    None. `hint`: a dataclass (an object of its fields), list[X], dict[str, X], X | None, int, float, str or bool."""
+    None. `hint`: a dataclass (an object of its fields), list[X], tuple[X, Y] (a list of one of each), dict[str, X],
+    X | None, int, float, str or bool."""
     why = inside(value, hint)
     return None if why is None else where + why
 
@@ -66,6 +67,16 @@ def mapping(value: Any, hint: Any) -> str | None:
     return first(f".{k}{why}" for k, v in value.items() if (why := inside(v, item)) is not None)
 
 
+def fixed(value: Any, hint: Any) -> str | None:
+    """tuple[X, Y, ...]: a list of one value of each type, in order."""
+    each = typing.get_args(hint)
+    if type(value) is not list:
+        return wrong(value, hint)
+    if len(value) != len(each):
+        return f" has {len(value)} values, not the {len(each)} of {name(hint)}"
+    return first(f"[{i}]{why}" for i, (v, h) in enumerate(zip(value, each)) if (why := inside(v, h)) is not None)
+
+
 def either(value: Any, hint: Any) -> str | None:
     return None if any(inside(value, h) is None for h in typing.get_args(hint)) else wrong(value, hint)
 
@@ -106,4 +117,5 @@ def first(faults) -> str | None:
 
 
 CHECKS: dict[Any, Callable[[Any, Any], str | None]] = {
-    **dict.fromkeys(SCALARS, scalar), list: sequence, dict: mapping, types.UnionType: either, typing.Union: either}
+    **dict.fromkeys(SCALARS, scalar), list: sequence, tuple: fixed, dict: mapping, types.UnionType: either,
+    typing.Union: either}

@@ -239,7 +239,8 @@ class RunDir:
             doc = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError) as e:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict) \
+                or not isinstance(doc.get("suite"), str) or not isinstance(doc.get("resolved", {}), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
         return cls(Path(path), doc.get("suite"), doc["config"], doc.get("resolved"))
 

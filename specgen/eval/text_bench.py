@@ -22,6 +22,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
 from specgen.limits import check_prompt_fits, context_of
+from specgen.eval import json_shape
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
 from specgen.eval.humaneval import check_completions
@@ -277,6 +278,7 @@ def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
     this machine, and its rows need only the prompts' count and categories."""
     cfg = with_sweeps(cfg)
     if resolved is not None:
+        check_resolved(resolved)
         rows, prompts = ([part[str(i)] for i in range(len(part))] for part in (resolved["rows"], resolved["prompts"]))
         meta = {m: {"model": model, "lossless": lossless} for m, model, lossless in rows}
         return Plan(cfg, {}, list(meta), meta, [Item(Prompt(digest, category)) for category, digest in prompts])
@@ -290,6 +292,19 @@ def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
     if not items:
         raise PromptSourceError(f"no {cfg.suite} prompts at offset {cfg.offset}")
     return Plan(cfg, rows, order, meta, items)
+
+
+# what `resolved_of` keeps, by position: each row's [name, model, losslessness], each prompt's [category, digest]
+RESOLVED = {"rows": dict[str, tuple[str, str, bool]], "prompts": dict[str, tuple[str, str]]}
+
+
+def check_resolved(resolved: dict) -> None:
+    """A run folder's `resolved` as `resolved_of` writes it (an edited run.json is one line, not a KeyError)."""
+    why = json_shape.keys_fault(resolved, RESOLVED) or next(
+        (f"{k} is not numbered 0 to {len(resolved[k]) - 1}" for k in RESOLVED
+         if set(resolved[k]) != {str(i) for i in range(len(resolved[k]))}), None)
+    if why is not None:
+        raise UsageError(f"the run folder's run.json is not a specgen run file: its resolved plan: {why}")
 
 
 def resolved_of(p: Plan) -> dict:

@@ -219,6 +219,34 @@ def test_a_resume_measures_again_the_item_of_a_record_no_summary_can_read(finish
     assert exact(rows_of(invoke("benchmark", "report", str(finished), "--format", "json"))) == exact(before)
 
 
+# an edit of the finished run's run.json, and what the one error line says of it
+RUN_FILES = {
+    "a list for the suite": (lambda d: d.update(suite=["humaneval"]), "run.json is not a specgen run file of format 1"),
+    "no suite": (lambda d: d.pop("suite"), "run.json is not a specgen run file of format 1"),
+    "a list for the plan": (lambda d: d.update(resolved=[]), "run.json is not a specgen run file of format 1"),
+    "a plan without prompts": (lambda d: d["resolved"].pop("prompts"),
+                               "run.json is not a specgen run file: its resolved plan: it lacks 'prompts'"),
+    "a number for a row": (lambda d: d["resolved"]["rows"].update({"1": 5}),
+                           "its resolved plan: rows.1 is an integer, not tuple[str, str, bool]"),
+    "a row of two": (lambda d: d["resolved"]["rows"].update({"1": ["ngram", "tiny-long"]}),
+                     "its resolved plan: rows.1 has 2 values, not the 3 of tuple[str, str, bool]"),
+    "a prompt missing": (lambda d: d["resolved"]["prompts"].pop("1"),
+                         "its resolved plan: prompts is not numbered 0 to 1"),
+}
+
+
+@pytest.mark.parametrize("edit, why", RUN_FILES.values(), ids=RUN_FILES)
+def test_a_run_file_no_report_can_read_is_one_line(finished, edit, why):
+    """A run.json of the right format with a suite of another type, or a resolved plan of another shape, failed
+    `benchmark report` with 'TypeError: unhashable type', 'KeyError: 'prompts'' and the like, exit 1."""
+    doc = json.loads((finished / "run.json").read_text())
+    edit(doc)
+    (finished / "run.json").write_text(json.dumps(doc))
+    r = invoke("benchmark", "report", str(finished))
+    assert r.exit_code == 2 and r.stdout == "" and len(r.output.strip().splitlines()) == 1, r.output
+    assert why in r.output
+
+
 def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
     """On a run folder's device filling mid-run the error was 'No space left on device' naming no file (os.write's
     OSError has none), and a short write (the device's last bytes) went unnoticed: the next record was appended onto
