@@ -24,7 +24,7 @@ from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
-                                     measure, plan, resolved_of, rows_of, skipped_rows)
+                                     measure, plan, resolved_of, rows_of)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -87,7 +87,7 @@ class TextSuite:
 
     def finish(self, p, sink, quiet: bool, shown=every) -> list[dict]:
         rows = [r for r in rows_of(p, sink) if shown(r)]
-        for why in skipped_rows(sink).values():  # a row that cannot run here: its one line, then no row
+        for why in sink.skipped_rows().values():  # a row that cannot run here: its one line, then no row
             _output.err.print(why, markup=False, soft_wrap=True)
         return rows
 
@@ -199,7 +199,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     # recorded as picked: a report and a resume read the same rows
     cfg = picked_rows(name, cfg, explicit, read_recipe(path) if path is not None else {})
     check_mode(cfg.graphs, devices.device_name(cfg.device))  # refused before any model loads
-    this, launched = shard_of(shard, run_dir)
+    this, launcher = shard_of(shard, run_dir)
     _output.check_rows_path(out, append)
     given = asdict(cfg)  # what a run folder records: every rank the same
     cfg.device = process_device(cfg.device)
@@ -207,8 +207,9 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
     sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
-    records = sink.records()
-    steps = sum(len(left) for g in suite.grids(p) for left in g.left(records, this))  # 0: nothing loads
+    grids = suite.grids(p)
+    records = sink.records(grids)
+    steps = sum(len(left) for g in grids for left in g.left(records, this))  # 0: nothing loads
     if steps:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -223,7 +224,7 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
             if isinstance(e, UnregisteredRowModel) and path is not None:  # how the recipe's header makes it
                 raise e.advised(recipe_advice(e.name, path)) from None
             raise
-    rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launched, quiet)
+    rows = merged_rows(sink, lambda s: suite.finish(p, s, quiet), this, launcher, quiet)
     if rows is not None:
         show(suite, rows, p, sink, fmt, out, append)
 
@@ -328,8 +329,9 @@ def place_checks(run_dir: Path | None, shard: str | None, out: Path | None, appe
     return checks
 
 
-def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
-    """(this process's shard, whether a launcher started it); several shards need a folder to meet in."""
+def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, int | None]:
+    """(this process's shard, the pid of the launcher that started it, its parent now: `wait_for_ranks` looks for
+    it; None without a launcher); several shards need a folder to meet in."""
     launched = launcher_shard()
     if shard is not None and launched is not None:
         raise UsageError("--shard and a launcher's ranks (RANK/WORLD_SIZE) both split the items; use one of them")
@@ -341,7 +343,7 @@ def shard_of(shard: str | None, run_dir: Path | None) -> tuple[Shard, bool]:
     if chosen.count > 1 and run_dir is None:
         raise UsageError(f"shard {chosen.index}/{chosen.count}: a sharded run needs --run-dir DIR, the folder "
                          "where the shards' records meet (report merges them)")
-    return chosen, launched is not None
+    return chosen, os.getppid() if launched is not None else None
 
 
 def process_device(device: str) -> str:
@@ -354,11 +356,12 @@ def process_device(device: str) -> str:
     return name
 
 
-def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> list[dict] | None:
+def merged_rows(sink, rows_of, shard: Shard, launcher: int | None, quiet: bool) -> list[dict] | None:
     """The finished run's rows; None on a launcher rank other than 0, or when other shards are not done yet
-    (said in one line: their records are merged by the last shard to finish or by `benchmark report`)."""
-    if launched:
-        wait_for_ranks()
+    (said in one line: their records are merged by the last shard to finish or by `benchmark report`). `launcher`:
+    the pid of the launcher that started this rank (`shard_of`), whose ranks meet first (`wait_for_ranks`)."""
+    if launcher is not None:
+        wait_for_ranks(launcher, sink.path)
         if shard.index != 0:
             return None
     try:
@@ -369,7 +372,7 @@ def merged_rows(sink, rows_of, shard: Shard, launched: bool, quiet: bool) -> lis
                               f"`specgen benchmark report {sink.path}` prints the table once every shard is done.",
                               markup=False, soft_wrap=True)
         return None
-    who = sink.claim_table(shard) if shard.count > 1 and not launched else None  # array tasks: the first prints
+    who = sink.claim_table(shard) if shard.count > 1 and launcher is None else None  # array tasks: the first prints
     if who is not None:
         if not quiet:
             _output.err.print(f"shard {shard.index}/{shard.count} is done; the table was printed by {who} "

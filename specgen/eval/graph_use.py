@@ -82,9 +82,8 @@ class GraphUse:
         self.warm_up(rows, items, run)
         if not self.steps():
             return
-        records = self.sink.records()
         left = [partial(batch, b, row, grid.mine(self.shard)[:b]) for grid, batch in batched
-                for b, row in grid.left(records, self.shard)[1]]
+                for b, row in grid.left(self.sink.records([grid]), self.shard)[1]]
         for first in left:
             self.settle(repeat(first))
         if left:

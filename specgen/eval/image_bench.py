@@ -14,7 +14,7 @@ from specgen.decoding.cost import cost_of
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
-from specgen.eval.image_rows import image_rows, method_of, png_of
+from specgen.eval.image_rows import Image, image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid, Shard
 from specgen.eval.sweeps import (Entries, SweptRow, check_own_entry, check_rows, dtypes_on, entries, methods_on,
                                  sweeps_of, sweeps_on, with_sweep_rows)
@@ -192,7 +192,7 @@ def entry_models(im: ImageModel, cfg: ImageBenchConfig) -> dict[str, ImageModel]
 def grids(cfg: ImageBenchConfig) -> dict[float, Grid]:
     """temperature -> its items: the `num` images, every method on each (batch-1 rows always: the batched ones'
     `vs_ar_b1` reads them)."""
-    return {t: Grid(cfg.num, tuple(cfg.methods), (1, *cfg.batch_sizes), f"T{t:g}/i{{}}", f"T{t:g}/")
+    return {t: Grid(cfg.num, tuple(cfg.methods), (1, *cfg.batch_sizes), f"T{t:g}/i{{}}", f"T{t:g}/", run=Image)
             for t in cfg.temperatures}
 
 
@@ -262,7 +262,8 @@ def stepped(cfg: ImageBenchConfig, models: dict[str, ImageModel], drafters: list
 def image_rows_of(cfg: ImageBenchConfig, sink) -> tuple[list[dict], dict]:
     """(rows, pixels per (row, temperature)) of a finished run of plan `cfg`: single-process, or shards merged."""
     dtype_of = {m: cfg.dtypes.get(m, cfg.dtype) for m in cfg.methods}
-    return image_rows(sink.records(), grids(cfg), sink.machines(), dtype_of)
+    work = grids(cfg)
+    return image_rows(sink.finished(list(work.values()), "images"), work, sink.machines(), dtype_of)
 
 
 def swept_groups(names) -> list[str]:

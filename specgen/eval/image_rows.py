@@ -14,7 +14,7 @@ import PIL.Image
 from specgen.decoding.stats import DecodeStats
 from specgen.eval.image_metrics import fid_from_features
 from specgen.eval.plots import image_grid
-from specgen.eval.run_dir import Grid, check_finished
+from specgen.eval.run_dir import Grid
 from specgen.eval.speed import Drafting, Timed, curves, merged
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.methods import get_method
@@ -121,11 +121,10 @@ def classifier_columns(rows: list[dict], images: dict, reference: list | None, n
 
 def image_rows(records: dict[str, dict], grids: dict[float, Grid], machines: dict[str, dict],
                dtype_of: dict[str, str]) -> tuple[list[dict], dict]:
-    """(rows, pixels per (row, temperature)) of a finished run (`grids`: temperature -> its items); refuses one with
-    missing images. `dtype_of`: entry -> the precision it decoded at; each row is labelled with it, and a row whose
+    """(rows, pixels per (row, temperature)) of a finished run's records (`RunDir.finished`; `grids`: temperature ->
+    its items). `dtype_of`: entry -> the precision it decoded at; each row is labelled with it, and a row whose
     precision differs from `ar`'s is also compared with the `ar` entry of its own precision (`exact_match_vs_own_ar`:
     1.0 for lossless methods)."""
-    check_finished(records, list(grids.values()), "images")
     info = next(iter(machines.values()), {})
     names, reference, note = info.get("conditions", {}), info.get("reference_features"), info.get("quality_note")
     rows, images = [], {}

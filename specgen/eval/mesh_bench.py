@@ -13,7 +13,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.graph_use import GraphUse
-from specgen.eval.run_dir import Grid, Shard, check_finished
+from specgen.eval.run_dir import Grid, Shard
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
                                  sweeps_on)
@@ -169,22 +169,33 @@ def variants(cfg: MeshBenchConfig) -> list[Variant]:
     return out
 
 
+@dataclass(frozen=True)
+class MeshRun:
+    """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (None when the
+    tolerant decode leaves no face)."""
+
+    tokens: int
+    stats: DecodeStats
+    valid: bool
+    cd: float | None
+    hd: float | None
+    shard: str
+
+
 def mesh_run(res, ref, shard: Shard) -> dict:
-    """What a record keeps of one decoded mesh: token count, statistics, strict validity, CD/HD (BPT-style tolerant
-    decode: bad patches skipped; none when no face is left)."""
-    out = {"tokens": len(res.tokens), "stats": asdict(res.stats), "valid": not decode_tokens(res.tokens)[2],
-           "cd": None, "hd": None, "shard": shard.label}
+    """A record's run of one decoded mesh (`MeshRun`; BPT-style tolerant decode: bad patches skipped)."""
     d = BPTTokenizer().decode_partial(np.asarray(res.tokens, dtype=np.int64))
     mesh = clean_mesh(d.vertices, d.faces) if len(d.faces) else None
+    cd = hd = None
     if mesh is not None and len(mesh.faces):
         dist = mesh_distances(mesh.vertices, mesh.faces, ref.vertices, ref.faces)
-        out.update(cd=dist.chamfer, hd=dist.hausdorff)
-    return out
+        cd, hd = dist.chamfer, dist.hausdorff
+    return asdict(MeshRun(len(res.tokens), res.stats, not decode_tokens(res.tokens)[2], cd, hd, shard.label))
 
 
 def grid(cfg: MeshBenchConfig, vs: list[Variant]) -> Grid:
     """The run's items: its test meshes, every row on each (batch-1 rows always: the batched ones' `vs_ar_b1`)."""
-    return Grid(cfg.limit, tuple(v.label for v in vs), (1, *cfg.batch_sizes), "m{}")
+    return Grid(cfg.limit, tuple(v.label for v in vs), (1, *cfg.batch_sizes), "m{}", run=MeshRun)
 
 
 def check_run(cfg: MeshBenchConfig) -> None:
@@ -251,9 +262,9 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
 
 def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     """One summary row per variant (AR first), batched rows after; a run with missing items is refused."""
-    vs, records = variants(cfg), sink.records()
+    vs = variants(cfg)
     work = grid(cfg, vs)
-    check_finished(records, [work], "meshes")
+    records = sink.finished([work], "meshes")
     info = next(iter(sink.machines().values()))
     single = work.runs(records, 1)[0]
     rows = summarize(cfg, vs, single)

@@ -5,13 +5,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
+import time
+import warnings
 import weakref
 from datetime import timedelta
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator, Sequence
 
-from specgen.errors import UsageError
+from specgen.errors import RuntimeFailure, UsageError
+from specgen.eval import json_shape
 from specgen.paths import atomic_write_text, check_space, nearest_existing, write_new, written_elsewhere
 
 FORMAT = 1  # run.json layout version
@@ -57,15 +62,51 @@ def launcher_shard() -> Shard | None:
         raise UsageError(f"RANK={rank!r} / WORLD_SIZE={world!r} from the launcher are not integers") from None
 
 
-def wait_for_ranks() -> None:
-    """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so
-    rank 0 merges only finished shards. A benchmark shard may take hours: the timeout is a week."""
+class LauncherGone(RuntimeFailure):
+    """The launcher that started this rank died while the rank waited for the others (killed alone: SIGKILL)."""
+
+
+LAUNCHER_POLL_S = 1.0  # how often a waiting rank looks for its launcher
+
+
+def wait_for_ranks(launcher: int, run_dir: Path) -> None:
+    """Block until every launcher rank got here (gloo; torchrun/accelerate set the rendezvous variables), so rank 0
+    merges only finished shards; a benchmark shard may take hours, so the meeting's timeout is a week. Its rendezvous
+    needs the launcher (torchrun's agent holds the store), and a launcher killed alone cannot stop its ranks: they
+    would wait out the week. So the meeting runs in a thread while this one checks each LAUNCHER_POLL_S that the
+    launcher (pid `launcher`, this rank's parent when it started) is still its parent (a dead parent's children are
+    given to another), and raises LauncherGone when it is not."""
     import torch.distributed as dist  # deferred: start-up (this module is read by torch-free `specgen --help`)
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(days=7))
-    dist.barrier()
-    dist.destroy_process_group()
+    failed: list[BaseException] = []
+
+    def meet() -> None:
+        try:
+            if not dist.is_initialized():
+                dist.init_process_group("gloo", timeout=timedelta(days=7))
+            dist.barrier()
+            dist.destroy_process_group()
+        except BaseException as e:  # raised again by the waiting thread, once it has looked for the launcher
+            failed.append(e)
+
+    # a daemon: a meeting left blocked (connecting to the dead launcher's store) does not hold this process's exit
+    meeting = threading.Thread(target=meet, name="wait_for_ranks", daemon=True)
+    meeting.start()
+    meeting.join(LAUNCHER_POLL_S)
+    while meeting.is_alive():  # (a meeting that took place stands, whatever happens to the launcher after it)
+        check_launcher(launcher, run_dir)
+        meeting.join(LAUNCHER_POLL_S)
+    if failed:
+        time.sleep(LAUNCHER_POLL_S)  # a dying launcher closes its store's connections before its ranks are reparented
+        check_launcher(launcher, run_dir)
+        raise failed[0]
+
+
+def check_launcher(launcher: int, run_dir: Path) -> None:
+    if os.getppid() != launcher:
+        raise LauncherGone(f"the launcher that started this rank (pid {launcher}) died before every rank was done; "
+                           f"the items measured are recorded in {run_dir}: rerun the same command to measure the "
+                           "rest (items with a record are skipped) and print the table")
 
 
 def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
@@ -80,20 +121,34 @@ def json_ready(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """(end offset, record) of every complete JSON line of `path`; a torn or corrupt line is skipped."""
+@dataclass(frozen=True)
+class Line:
+    """A whole line of a records file: the record it holds, or None and why it holds none."""
+
+    number: int  # from 1
+    end: int  # the offset just past it
+    record: dict | None
+    fault: str = ""
+
+
+def read_lines(path: Path) -> Iterator[Line]:
+    """Every whole line of `path`, to a torn tail (the writer was killed mid-line); a line that is not JSON, or JSON
+    without an item and its runs (edited or foreign), holds no record."""
     offset = 0
     with open(path, "rb") as f:
-        for raw in f:
+        for number, raw in enumerate(f, 1):
             offset += len(raw)
             if not raw.endswith(b"\n"):
-                return  # torn tail: the writer was killed mid-line
+                return
             try:
                 rec = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # (nested thousands deep)
+                yield Line(number, offset, None, "it is not JSON")
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("item"), str) and isinstance(rec.get("runs"), (dict, list)):
-                yield offset, rec  # (a line without its runs, edited or foreign, is no record: the item is redone)
+                yield Line(number, offset, rec)
+            else:
+                yield Line(number, offset, None, "it is JSON without an item and its runs")
 
 
 def other_files(path: Path) -> str:
@@ -184,7 +239,8 @@ class RunDir:
             doc = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError) as e:
             raise UsageError(f"{file} is unreadable ({type(e).__name__}); it is not a specgen run file") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict):
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("config"), dict) \
+                or not isinstance(doc.get("suite"), str) or not isinstance(doc.get("resolved", {}), dict):
             raise UsageError(f"{file} is not a specgen run file of format {FORMAT}")
         return cls(Path(path), doc.get("suite"), doc["config"], doc.get("resolved"))
 
@@ -211,7 +267,7 @@ class RunDir:
         weakref.finalize(self, os.close, fd)
         file = self.path / f"records-{shard.label}.jsonl"
         if file.exists():  # to the end of its last whole line: a file without a torn tail keeps its length
-            os.truncate(file, max((end for end, _ in read_lines(file)), default=0))
+            os.truncate(file, max((line.end for line in read_lines(file) if line.record is not None), default=0))
 
     def discard(self) -> None:
         """Undo `open` where it started the run and no item has a record: its files and the folders it made go (bad
@@ -251,22 +307,56 @@ class RunDir:
             os.close(fd)
 
     # -- reading -------------------------------------------------------------------------------------------
-    def records(self) -> dict[str, dict]:
-        """item key -> record over every shard file (sorted by name: the first file holding an item wins)."""
-        found: dict[str, dict] = {}
-        for file in sorted(self.path.glob("records-*.jsonl")):
-            for _, rec in read_lines(file):
-                found.setdefault(rec["item"], rec)
+    def records(self, grids: Sequence[Grid] = ()) -> dict[str, dict]:
+        """item key -> record over every shard file (sorted by name: the first file holding an item wins). A line that
+        holds no record, or no record of its item in `grids` (`Grid.fault`: edited, or another run's), is skipped
+        with a warning naming it: a run measures its item again."""
+        return self.read(grids)[0]
+
+    def finished(self, grids: Sequence[Grid], what: str) -> dict[str, dict]:
+        """The `records` of a run whose `grids` are its items; RunNotFinished while some of its `what` (items,
+        images, meshes) have none, naming the first line skipped."""
+        found, skipped = self.read(grids)
+        gone = sum(g.missing(found) for g in grids)
+        if gone:
+            more = f" (and {len(skipped) - 1} more such lines)" if len(skipped) > 1 else ""
+            why = f"; {skipped[0]}{more}" if skipped else ""
+            raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet (rerun the same "
+                                 f"command, or wait for the other shards){why}")
         return found
+
+    def read(self, grids: Sequence[Grid]) -> tuple[dict[str, dict], list[str]]:
+        """(`records`, each line skipped: where it is and why it holds no record), each skipped line warned of."""
+        found: dict[str, dict] = {}
+        skipped = []
+        absent = self.skipped_rows()
+        for file in sorted(self.path.glob("records-*.jsonl")):
+            for line in read_lines(file):
+                why = line.fault or json_shape.first(g.fault(line.record, absent) for g in grids)
+                if why:
+                    skipped.append(f"{file} line {line.number} is no record of this run: {why}")
+                else:
+                    found.setdefault(line.record["item"], line.record)
+        for line in skipped:
+            warnings.warn(f"{line} (skipped: a run of the folder measures its item again)", stacklevel=3)
+        return found, skipped
+
+    def skipped_rows(self) -> dict[str, str]:
+        """row -> why a shard could not run it (a text peer row: llamacpp without llama-cpp-python), from the machine
+        files: its records lack it."""
+        return {m: str(why) for info in self.machines().values() if isinstance(info.get("skipped"), dict)
+                for m, why in info["skipped"].items()}
 
     def machines(self) -> dict[str, dict]:
         """shard label -> its machine file."""
         out = {}
         for file in sorted(self.path.glob("machine-*.json")):
             try:
-                out[file.stem.removeprefix("machine-")] = json.loads(file.read_text())
-            except (json.JSONDecodeError, OSError):
+                doc = json.loads(file.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):
                 continue  # a machine file is replaced atomically; an unreadable one is not ours
+            if isinstance(doc, dict):  # (nor is JSON of another shape)
+                out[file.stem.removeprefix("machine-")] = doc
         return out
 
 
@@ -286,13 +376,44 @@ def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dic
 @dataclass(frozen=True)
 class Grid:
     """A suite's resumable items (docs/cluster.md): item i at batch 1 with every row run on it, interleaved (record
-    key `single.format(i)`), and per batch size B > 1 each row over a shard's items (`{prefix}b{B}/{row}/{shard}`)."""
+    key `single.format(i)`), and per batch size B > 1 each row over a shard's items (`{prefix}b{B}/{row}/{shard}`).
+    `run`: the dataclass each run of a record is read as (its record holds it as an object of its fields)."""
 
     n: int
     rows: tuple[str, ...]
     batch_sizes: tuple[int, ...]  # batch-1 items only when 1 is among them
     single: str
     prefix: str = ""
+    run: type = field(kw_only=True)
+
+    @cached_property
+    def single_keys(self) -> frozenset[str]:
+        return frozenset(self.single.format(i) for i in range(self.n)) if 1 in self.batch_sizes else frozenset()
+
+    @cached_property
+    def batched_keys(self) -> frozenset[str]:
+        """`key(B, row)` of every batched row: a record's key without its shard."""
+        return frozenset(self.key(b, m) for b in self.batch_sizes if b > 1 for m in self.rows)
+
+    def fault(self, rec: dict, absent: Collection[str] = ()) -> str | None:
+        """Why `rec` (a line with an item and its runs) is not the record of its item that `runs` reads (edited, of
+        another config, of another suite), or None: it is, or it is no item of this grid. `absent`: rows a shard could
+        not run (`RunDir.skipped_rows`), which its records lack."""
+        key, runs = rec["item"], rec["runs"]
+        if key in self.single_keys:
+            if type(runs) is not dict:
+                return f"its runs are a list, not an object of {self.run.__name__}s by row"
+            gone = next((m for m in self.rows if m not in runs and m not in absent), None)
+            if gone is not None:
+                return f"its runs lack row {gone!r} (another config's record?)"
+            return json_shape.first(json_shape.fault(runs[m], self.run, f"runs.{m}") for m in self.rows if m in runs)
+        if key.rpartition("/")[0] + "/" in self.batched_keys:
+            why = json_shape.keys_fault(rec, {"shard": str, "indices": list[int], "wall": float,
+                                              "runs": list[self.run]})
+            if why is None and len(runs) != len(rec["indices"]):
+                why = f"it has {len(runs)} runs for {len(rec['indices'])} indices"
+            return why
+        return None
 
     def key(self, batch: int, row: str, shard: str = "") -> str:
         return f"{self.prefix}b{batch}/{row}/{shard}"
@@ -311,7 +432,7 @@ class Grid:
                 batch: Callable[[int, str, list[int]], tuple[list, float]], on_item: Callable[[], None]) -> None:
         """Record this shard's items that `sink` has none of: at batch 1 `one(i)` (row -> run of item i), then at
         B > 1 `batch(B, row, positions)` (the row's runs over the shard's items in order, its wall seconds)."""
-        single, batches = self.left(sink.records(), shard)
+        single, batches = self.left(sink.records([self]), shard)
         mine = self.mine(shard)
         for i in single:
             sink.append(shard, {"item": self.single.format(i), "shard": shard.label, "index": i, "runs": one(i)})
@@ -337,11 +458,3 @@ class Grid:
         gone = sum(self.single.format(i) not in records for i in range(self.n)) if 1 in self.batch_sizes else 0
         return gone + sum(self.n - len(set(batched(records, self.key(b, m))[0]) & set(range(self.n)))
                           for b in self.batch_sizes if b > 1 for m in self.rows)
-
-
-def check_finished(records: dict[str, dict], grids: list[Grid], what: str) -> None:
-    """Refuse to summarise a run while some of its `what` (items, images, meshes) have no record."""
-    gone = sum(g.missing(records) for g in grids)
-    if gone:
-        raise RunNotFinished(f"the run is not finished: {gone} of its {what} have no record yet "
-                             "(rerun the same command, or wait for the other shards)")

@@ -22,6 +22,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
 from specgen.limits import check_prompt_fits, context_of
+from specgen.eval import json_shape
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
 from specgen.eval.humaneval import check_completions
@@ -277,6 +278,7 @@ def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
     this machine, and its rows need only the prompts' count and categories."""
     cfg = with_sweeps(cfg)
     if resolved is not None:
+        check_resolved(resolved)
         rows, prompts = ([part[str(i)] for i in range(len(part))] for part in (resolved["rows"], resolved["prompts"]))
         meta = {m: {"model": model, "lossless": lossless} for m, model, lossless in rows}
         return Plan(cfg, {}, list(meta), meta, [Item(Prompt(digest, category)) for category, digest in prompts])
@@ -292,6 +294,19 @@ def plan(cfg: TextBenchConfig, resolved: dict | None = None) -> Plan:
     return Plan(cfg, rows, order, meta, items)
 
 
+# what `resolved_of` keeps, by position: each row's [name, model, losslessness], each prompt's [category, digest]
+RESOLVED = {"rows": dict[str, tuple[str, str, bool]], "prompts": dict[str, tuple[str, str]]}
+
+
+def check_resolved(resolved: dict) -> None:
+    """A run folder's `resolved` as `resolved_of` writes it (an edited run.json is one line, not a KeyError)."""
+    why = json_shape.keys_fault(resolved, RESOLVED) or next(
+        (f"{k} is not numbered 0 to {len(resolved[k]) - 1}" for k in RESOLVED
+         if set(resolved[k]) != {str(i) for i in range(len(resolved[k]))}), None)
+    if why is not None:
+        raise UsageError(f"the run folder's run.json is not a specgen run file: its resolved plan: {why}")
+
+
 def resolved_of(p: Plan) -> dict:
     """What a run folder keeps of the plan beyond its config, by position (JSON objects: a change names its place):
     each row's [name, model, losslessness] and each prompt's [category, digest], so a report needs neither the prompt
@@ -305,7 +320,8 @@ def resolved_of(p: Plan) -> dict:
 
 def grid(p: Plan, skipped=()) -> Grid:
     """The run's items: its prompts, with every row of the plan but `skipped` (peer rows that cannot run here)."""
-    return Grid(len(p.items), tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}")
+    return Grid(len(p.items), tuple(m for m in p.order if m not in skipped), tuple(p.cfg.batch_sizes), "b1/p{}",
+                run=Run)
 
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
@@ -411,14 +427,10 @@ def warm_prompts(prompts: list[list[int]]) -> list[list[int]]:
 RESUMED = " (when this shard's run started: its records lack the row; a new --run-dir measures it)"
 
 
-def skipped_rows(sink) -> dict[str, str]:
-    """row -> why a shard could not run it (a peer row: llamacpp without llama-cpp-python), from the machine files."""
-    return {m: why for info in sink.machines().values() for m, why in (info.get("skipped") or {}).items()}
-
-
 def rows_of(p: Plan, sink) -> list[dict]:
-    """The rows of a finished run (every shard merged), without those a shard could not run (`skipped_rows`)."""
-    return text_rows(sink.records(), grid(p, skipped_rows(sink)), p.meta, sink.machines(),
+    """The rows of a finished run (every shard merged), without those a shard could not run (`RunDir.skipped_rows`)."""
+    work = grid(p, sink.skipped_rows())
+    return text_rows(sink.finished([work], "items"), work, p.meta, sink.machines(),
                      [item.prompt.category for item in p.items])
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specgen.decoding.cost import CostCurve
-from specgen.eval.run_dir import Grid, check_finished
+from specgen.eval.run_dir import Grid
 from specgen.eval.speed import Drafting, Timed, curves, efficiency, per_shard, summed
 
 
@@ -39,7 +39,7 @@ class Measured:
 
 
 def collect(records: dict[str, dict], grid: Grid, batch: int) -> Measured:
-    """The runs of `batch` from the records of a finished run (`check_finished`)."""
+    """The runs of `batch` from the records of a finished run (`RunDir.finished`)."""
     runs, walls = grid.runs(records, batch)
     runs = {m: [Run(**r) for r in rs] for m, rs in runs.items()}
     return one_by_one(runs) if walls is None else Measured(runs, walls)
@@ -136,9 +136,8 @@ OVERALL, UNCATEGORIZED = "all", "(none)"  # the rows over every prompt; of promp
 
 def text_rows(records: dict[str, dict], grid: Grid, meta: dict[str, dict], machines: dict[str, dict],
               categories: list[str] | None = None) -> list[dict]:
-    """Every row of a finished run (batch sizes in `grid.batch_sizes` order), with batch-1 rows per category when
-    the prompts (`categories`, one per prompt) have several; refuses a run with missing items."""
-    check_finished(records, [grid], "items")
+    """Every row of a finished run's records (`RunDir.finished`; batch sizes in `grid.batch_sizes` order), with
+    batch-1 rows per category when the prompts (`categories`, one per prompt) have several."""
     costs = curves(machines)
     rows, reference = [], None
     for batch in grid.batch_sizes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from specgen.eval.run_dir import LAUNCHER_POLL_S
 from specgen.models.kernel_choice import ENV as KERNEL_ENV
 from tests.cli.test_cli_image import tiny_image  # noqa: F401
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401
@@ -123,10 +125,126 @@ def test_a_record_line_nested_past_the_recursion_limit_is_skipped_as_corrupt(tmp
     with open(tmp_path / "run" / "records-0-of-1.jsonl", "a") as f:
         f.write("[" * 100_000 + "]" * 100_000 + "\n")
     run.append(Shard(), {"item": "i1", "runs": {}})
-    assert sorted(run.records()) == ["i0", "i1"]
+    with pytest.warns(UserWarning, match="records-0-of-1.jsonl line 2 is no record of this run: it is not JSON"):
+        assert sorted(run.records()) == ["i0", "i1"]
     (tmp_path / "run" / "run.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(UsageError, match=r"run.json is unreadable \(RecursionError\)"):
         RunDir.existing(tmp_path / "run")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """Where the first test asking for a `finished` run measures it; the others copy it."""
+    return tmp_path_factory.mktemp("measured") / "run"
+
+
+FINISHED = bench(3, 8, "1,2", "execute=false")  # records: prompts 0, 1, 2 at batch 1, then ar, ngram, jacobi at B 2
+
+
+@pytest.fixture
+def finished(measured, request, tmp_path) -> Path:
+    """A copy of a finished run folder of FINISHED."""
+    if not measured.exists():
+        request.getfixturevalue("long_tiny_target")
+        assert invoke(*FINISHED, "--run-dir", measured).exit_code == 0
+    shutil.copytree(measured, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def edit_line(run: Path, line: int, edit) -> Path:
+    """Line `line` (from 0) of the run's records file edited (`edit` changes its record) or replaced (a str)."""
+    file = run / "records-0-of-1.jsonl"
+    lines = file.read_text().splitlines(keepends=True)
+    if isinstance(edit, str):
+        lines[line] = edit + "\n"
+    else:
+        rec = json.loads(lines[line])
+        edit(rec)
+        lines[line] = json.dumps(rec) + "\n"
+    file.write_text("".join(lines))
+    return file
+
+
+# (line, edit, why the line is no record): a record no summary can read, edited or another run's
+UNREADABLE = {
+    "another config's (a row fewer)": (0, lambda r: r["runs"].pop("jacobi"), "its runs lack row 'jacobi'"),
+    "runs a list at batch 1": (1, lambda r: r.update(runs=[]), "its runs are a list, not an object of Runs"),
+    "a run without a field": (0, lambda r: r["runs"]["ar"].pop("tokens"), "runs.ar lacks 'tokens'"),
+    "a run with a field no run has": (0, lambda r: r["runs"]["ar"].update(bogus=1), "runs.ar has 'bogus', no field"),
+    "a string for a list": (0, lambda r: r["runs"]["ngram"].update(tokens="abc"),
+                            "runs.ngram.tokens is a string, not list[int]"),
+    "a string in a list": (2, lambda r: r["runs"]["ar"]["tokens"].insert(1, "x"),
+                           "runs.ar.tokens[1] is a string, not int"),
+    "null for a number": (0, lambda r: r["runs"]["ar"].update(forwards=None), "runs.ar.forwards is null, not int"),
+    "a boolean for a number": (0, lambda r: r["runs"]["ar"].update(steps=True), "runs.ar.steps is a boolean, not int"),
+    "a number for a string": (0, lambda r: r["runs"]["ar"].update(shard=0), "runs.ar.shard is an integer, not str"),
+    "a list for a run": (0, lambda r: r["runs"].update(ar=[1, 2]), "runs.ar is a list, not Run"),
+    "another suite's run": (0, lambda r: r["runs"].update(ar={"tokens": [1], "stats": {}, "shard": "0-of-1"}),
+                            "runs.ar has 'stats', no field of Run"),
+    "batched without indices": (3, lambda r: r.pop("indices"), "it lacks 'indices'"),
+    "batched without wall": (4, lambda r: r.pop("wall"), "it lacks 'wall'"),
+    "batched wall a string": (5, lambda r: r.update(wall="1s"), "wall is a string, not float"),
+    "batched runs an object": (3, lambda r: r.update(runs={}), "runs is an object, not list[Run]"),
+    "batched runs fewer than indices": (3, lambda r: r["runs"].pop(), "it has 2 runs for 3 indices"),
+    "batched run without a number": (4, lambda r: r["runs"][1].update(seconds=None),
+                                     "runs[1].seconds is null, not float"),
+    "JSON of another shape": (0, "[1, 2]", "it is JSON without an item and its runs"),
+    "a table row, not a record": (3, '{"method": "ar", "tokens_per_s": 3.0}',
+                                  "it is JSON without an item and its runs"),
+    "not JSON": (0, "{garbage", "it is not JSON"),
+}
+
+
+@pytest.mark.parametrize("line, edit, why", UNREADABLE.values(), ids=UNREADABLE)
+def test_a_record_no_summary_can_read_is_named_in_the_one_line_of_a_report(finished, line, edit, why):
+    """A record line with its item and runs was taken as read: one a summary could not read (edited, another
+    config's: its runs lack a row) failed `benchmark report` with 'error: KeyError: 'jacobi'', exit 1, or reported
+    its wrong numbers. It is no record, as a torn or foreign line is: its item is missing, named in one line."""
+    file = edit_line(finished, line, edit)
+    r = invoke("benchmark", "report", str(finished))
+    assert r.exit_code == 2 and r.stdout == "" and len(r.output.strip().splitlines()) == 1, r.output
+    assert "error: the run is not finished: " in r.output
+    assert f"; {file} line {line + 1} is no record of this run: {why}" in r.output
+
+
+def test_a_resume_measures_again_the_item_of_a_record_no_summary_can_read(finished, long_tiny_target):  # noqa: F811
+    before = rows_of(invoke("benchmark", "report", str(finished), "--format", "json"))
+    file = edit_line(finished, 0, lambda r: r["runs"].pop("jacobi"))
+    r = invoke(*FINISHED, "--run-dir", finished, "--format", "json")  # the run's command again
+    assert r.exit_code == 0 and exact(json.loads(r.stdout)) == exact(before), r.output
+    assert r.stderr.splitlines() == [f"warning: UserWarning: {file} line 1 is no record of this run: its runs lack "
+                                     "row 'jacobi' (another config's record?) (skipped: a run of the folder measures "
+                                     "its item again)"]
+    assert records(finished).count("b1/p0") == 2  # the unreadable line stays; the item counts once
+    assert exact(rows_of(invoke("benchmark", "report", str(finished), "--format", "json"))) == exact(before)
+
+
+# an edit of the finished run's run.json, and what the one error line says of it
+RUN_FILES = {
+    "a list for the suite": (lambda d: d.update(suite=["humaneval"]), "run.json is not a specgen run file of format 1"),
+    "no suite": (lambda d: d.pop("suite"), "run.json is not a specgen run file of format 1"),
+    "a list for the plan": (lambda d: d.update(resolved=[]), "run.json is not a specgen run file of format 1"),
+    "a plan without prompts": (lambda d: d["resolved"].pop("prompts"),
+                               "run.json is not a specgen run file: its resolved plan: it lacks 'prompts'"),
+    "a number for a row": (lambda d: d["resolved"]["rows"].update({"1": 5}),
+                           "its resolved plan: rows.1 is an integer, not tuple[str, str, bool]"),
+    "a row of two": (lambda d: d["resolved"]["rows"].update({"1": ["ngram", "tiny-long"]}),
+                     "its resolved plan: rows.1 has 2 values, not the 3 of tuple[str, str, bool]"),
+    "a prompt missing": (lambda d: d["resolved"]["prompts"].pop("1"),
+                         "its resolved plan: prompts is not numbered 0 to 1"),
+}
+
+
+@pytest.mark.parametrize("edit, why", RUN_FILES.values(), ids=RUN_FILES)
+def test_a_run_file_no_report_can_read_is_one_line(finished, edit, why):
+    """A run.json of the right format with a suite of another type, or a resolved plan of another shape, failed
+    `benchmark report` with 'TypeError: unhashable type', 'KeyError: 'prompts'' and the like, exit 1."""
+    doc = json.loads((finished / "run.json").read_text())
+    edit(doc)
+    (finished / "run.json").write_text(json.dumps(doc))
+    r = invoke("benchmark", "report", str(finished))
+    assert r.exit_code == 2 and r.stdout == "" and len(r.output.strip().splitlines()) == 1, r.output
+    assert why in r.output
 
 
 def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
@@ -262,6 +380,115 @@ def test_mesh_shards_give_the_single_process_rows(tmp_path):
     assert pick(rows_of(invoke("benchmark", "report", str(run), "--format", "json"))) == pick(single)
 
 
+def gone(pid: int) -> bool:
+    """Whether process `pid` ended (a zombie too: an orphan's new parent may not have reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    def parent(stat: Path) -> int:
+        try:
+            return int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, IndexError):
+            return 0
+    return [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat") if parent(stat) == pid]
+
+
+def exit_within(pids: list[int], seconds: float) -> list[int]:
+    """Those of `pids` still running after `seconds` (polled: a liveness check, not a measure of speed)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(map(gone, pids)):
+        time.sleep(0.2)
+    return [p for p in pids if not gone(p)]
+
+
+RANK = """
+import os, sys
+from pathlib import Path
+from cli.benchmark_runs import merged_rows
+from specgen.eval.run_dir import LauncherGone, RunDir, Shard
+sink = RunDir.open(Path(sys.argv[1]), "humaneval", {})
+print("waiting", flush=True)
+try:
+    merged_rows(sink, lambda s: [], Shard(1, 2), os.getppid(), False)
+except LauncherGone as e:
+    print(e, flush=True)
+"""
+
+
+def test_a_rank_waiting_for_the_others_exits_when_its_launcher_is_killed(tmp_path):
+    """A launcher rank done with its items waits for the others (gloo, timeout a week); the rendezvous needs the
+    launcher (torchrun's agent holds the store), so with the launcher SIGKILLed alone (it cannot stop its ranks) the
+    rank waited out the week. Here the rank (RANK 1 of 2) waits on a rendezvous port nothing listens on, as when the
+    store died with the launcher; its launcher, a stand-in for torchrun, is killed: the rank says so and ends."""
+    import socket
+
+    with socket.socket() as sock:  # a free port: nothing listens there
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "rank.out"
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    start = (f"import subprocess, sys, time; rank = subprocess.Popen([sys.executable, '-c', {RANK!r}, "
+             f"{str(tmp_path / 'run')!r}], stdout=open({str(out)!r}, 'w'), stderr=subprocess.STDOUT); "
+             "print(rank.pid, flush=True); time.sleep(600)")
+    launcher = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True, env=env,
+                                cwd=Path(__file__).parents[2])
+    try:
+        rank = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 120
+        while "waiting" not in out.read_text() and not gone(rank) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2 * LAUNCHER_POLL_S)  # the rank waits, looking for its launcher
+        assert not gone(rank), out.read_text()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    left = exit_within([rank], 60)
+    if left:
+        os.kill(rank, signal.SIGKILL)
+    assert not left, "the rank still waits 60 s after its launcher died"
+    assert out.read_text().splitlines()[-1] == (
+        f"the launcher that started this rank (pid {launcher.pid}) died before every rank was done; the items measured "
+        f"are recorded in {tmp_path / 'run'}: rerun the same command to measure the rest (items with a record are "
+        "skipped) and print the table")
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_end_when_the_launcher_alone_is_killed(long_tiny_target, tmp_path):  # noqa: F811
+    """torchrun SIGKILLed alone (its ranks go on): rank 0, whose items were recorded, waits for rank 1, which still
+    measures. Each says in its one line that the launcher died, once done (rank 1's records are complete), and
+    rerunning the same command prints the table from the records."""
+    run = tmp_path / "run"
+    args = [*map(str, bench(24, 64, "1")), "execute=false", "--run-dir", str(run), "--format", "json"]
+    assert invoke(*args, "--shard", "0/2").exit_code == 0  # rank 0's items: it only waits
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "cli.main", *args]
+    launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                cwd=Path(__file__).parents[2])
+    rank1 = run / "records-1-of-2.jsonl"
+    deadline = time.monotonic() + 120
+    while not (rank1.is_file() and rank1.read_text()) and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.1)
+    ranks = children(launcher.pid)
+    launcher.kill()  # SIGKILL: it cannot stop its ranks
+    launcher.wait()
+    assert len(ranks) == 2 and len(rank1.read_text().splitlines()) < 12, launcher.stderr.read()[-2000:]
+    left = exit_within(ranks, 60)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "ranks still wait 60 s after their launcher died"
+    err = launcher.stderr.read()  # (the ranks wrote into the launcher's pipe; all of them are gone)
+    assert err.count(f"error: the launcher that started this rank (pid {launcher.pid}) died before every rank was "
+                     "done") == 2, err[-2000:]
+    assert len(rank1.read_text().splitlines()) == 12  # the measuring rank finished its items first
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0 and [r["prompts"] for r in json.loads(done.stdout)] == [24] * 3, done.stderr[-2000:]
+
+
 def test_launcher_ranks_each_take_their_own_gpu(monkeypatch):
     """Under torchrun a bare `cuda` (or `auto` on a GPU node) is this rank's local GPU, so ranks do not share GPU 0."""
     import torch
@@ -308,7 +535,7 @@ def test_of_shards_that_finish_at_once_one_prints_the_table(tmp_path, capsys):
     from specgen.eval.run_dir import RunDir, Shard
 
     sink, rows = RunDir.open(tmp_path / "run", "humaneval", {"limit": 2}), [{"method": "ar"}]
-    assert merged_rows(sink, lambda s: rows, Shard(1, 2), False, False) == rows
-    assert merged_rows(sink, lambda s: rows, Shard(0, 2), False, False) is None
+    assert merged_rows(sink, lambda s: rows, Shard(1, 2), None, False) == rows
+    assert merged_rows(sink, lambda s: rows, Shard(0, 2), None, False) is None
     assert "the table was printed by shard 1/2" in capsys.readouterr().err
-    assert merged_rows(sink, lambda s: rows, Shard(0, 1), False, False) == rows  # one shard: every rerun prints
+    assert merged_rows(sink, lambda s: rows, Shard(0, 1), None, False) == rows  # one shard: every rerun prints

@@ -11,6 +11,7 @@ import pytest
 
 from specgen.eval.graph_use import WARM_RUNS, GraphUse, timed_note
 from specgen.eval.run_dir import Grid, RunDir, Shard
+from specgen.eval.text_rows import Run
 from specgen.models import graphs
 from tests.cli.test_cli_image import tiny_image  # noqa: F401 - the fixture
 from tests.cli.test_cli_mesh import tiny  # noqa: F401 - the fixture
@@ -69,7 +70,7 @@ def test_one_warm_call_warms_rows_then_every_grids_batches_then_rows_again(tmp_p
             steps.captures += runs.count((tag, b, row, tuple(mine))) == 1
         return go
 
-    grids = [(Grid(3, ("a", "b"), (1, 2), f"T{t}/i{{}}", f"T{t}/"), batch(f"T{t}")) for t in (0, 1)]
+    grids = [(Grid(3, ("a", "b"), (1, 2), f"T{t}/i{{}}", f"T{t}/", run=Run), batch(f"T{t}")) for t in (0, 1)]
     use_of(tmp_path, {"target": SimpleNamespace(graphs=steps)}).warm(["a", "b"], range(3), run, grids)
     assert runs == [("a", 0), ("a", 1), ("b", 0), ("b", 1),
                     *((f"T{t}", 2, row, (0, 1)) for t in (0, 1) for row in "ab" for _ in range(2)),

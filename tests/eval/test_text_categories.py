@@ -7,7 +7,7 @@ from dataclasses import asdict
 from specgen.eval.run_dir import Grid
 from specgen.eval.text_rows import Run, text_rows
 
-GRID = Grid(4, ("ar", "fast"), (1,), "b1/p{}")
+GRID = Grid(4, ("ar", "fast"), (1,), "b1/p{}", run=Run)
 
 
 def run(tokens: list[int], seconds: float) -> dict:
