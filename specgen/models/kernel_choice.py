@@ -223,15 +223,20 @@ def describe() -> str:
 
 
 def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
-    """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured (and stored
-    when the machine was quiet)."""
+    """The plan stored for this machine, torch, thread count and shapes (`plan_cache`), else measured and stored. One
+    timed on a busy machine (`plan_cache.timed_quietly`) serves only starts that find the machine busy too: a quiet
+    start times it again and replaces it, and nothing is laid out or costed for it (`kept`)."""
     k = plan_cache.key(signature, threads)
     if (stored := plan_cache.load(k)) is not None:
         return Plan(*stored)
+    busy = plan_cache.load(k, busy=True)  # timed while other processes took the core: kept for starts that are too
+    if busy is not None and not plan_cache.quiet_now():  # (a busy timing is no better: a second would cost seconds)
+        return Plan(*busy)
     timing, quiet = plan_cache.timed_quietly(lambda: time_passes(linears))
     plan = timing.plan
-    if quiet:  # a busy machine's plan is this process's alone (`timed_quietly`)
-        plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native})  # tuple: JSON list
+    if quiet or busy is None:  # a tuple: a JSON list
+        plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native,
+                                              **({} if quiet else {"busy": True})})
     return plan
 
 
@@ -250,8 +255,9 @@ class KernelChoice:
         return self.kept() or (self.signature, torch.get_num_threads()) in _MEASURED
 
     def kept(self) -> bool:
-        """Whether every start reads the plan at this thread count: pinned or stored (a busy machine's measurement is
-        neither, and what a load lays out for it is not kept either: `layout_cache.plan_of`)."""
+        """Whether every start reads the plan at this thread count: pinned, or stored from a quiet timing (a busy
+        machine's is timed again by a quiet start, so what a load lays out for it is not kept:
+        `layout_cache.plan_of`)."""
         return self.fixed is not None or plan_cache.load(plan_cache.key(self.signature,
                                                                          torch.get_num_threads())) is not None
 

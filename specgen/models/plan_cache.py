@@ -49,25 +49,40 @@ def read(file: Path | None = None) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def load(k: str) -> tuple[int, tuple[int, int | None] | None] | None:
-    """(min_rows, native) stored under `k`, or None (nothing stored, or an entry that does not parse)."""
+def load(k: str, busy: bool = False) -> tuple[int, tuple[int, int | None] | None] | None:
+    """(min_rows, native) stored under `k` from a quiet timing (`busy`: from any), or None (nothing stored, or an
+    entry that does not parse)."""
     got = read().get(k)
     try:
+        if got.get("busy") and not busy:
+            return None
         min_rows, native = int(got["min_rows"]), got["native"]
         return min_rows, None if native is None else (int(native[0]), None if native[1] is None else int(native[1]))
-    except (TypeError, KeyError, IndexError, ValueError):
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError):
         return None
 
 
 def timed_quietly(measure: Callable[[], T]) -> tuple[T, bool]:
     """`measure()`, and whether its thread kept its core (thread CPU time >= QUIET_SHARE of wall time). Other work
     shows only as time taken from this thread, never in the timings themselves; a measurement made while it did is
-    used by this process but not stored, so the next start measures again. The calling thread takes part in every
-    timed product (OpenMP's first thread), so it alone tells."""
+    used by this process and not kept for later starts (a kernel plan is kept for busy starts only:
+    `kernel_choice.stored_or_measured`). The calling thread takes part in every timed product (OpenMP's first
+    thread), so it alone tells."""
     wall, cpu = time.perf_counter(), time.thread_time()
     result = measure()
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
     return result, cpu >= QUIET_SHARE * wall - 1e-3  # a millisecond's slack: a call that short cannot tell
+
+
+def quiet_now(seconds: float = 0.05) -> bool:
+    """Whether this thread keeps its core now: a spin of `seconds`, judged as `timed_quietly` judges a timing."""
+    end = time.perf_counter() + seconds
+
+    def spin() -> None:
+        while time.perf_counter() < end:
+            pass
+
+    return timed_quietly(spin)[1]
 
 
 def add(file: Path, k: str, entry) -> None:

@@ -215,20 +215,31 @@ def test_a_stored_plan_is_read_on_the_next_start_and_a_new_machine_measures(monk
     assert len(calls) == 2  # another CPU (or torch) measures again
 
 
-def test_a_plan_timed_while_its_thread_lost_the_core_is_used_and_not_stored(monkeypatch):
+def test_a_plan_timed_while_its_thread_lost_the_core_serves_busy_starts_until_a_quiet_one_times_it_again(monkeypatch):
     """Another process on the cores shows as wall time the timing thread did not run: a sleep in the timing pass is
-    that exactly. Such a plan serves this process; the next start measures again, and a quiet one is stored."""
+    that exactly. Such a plan is stored as busy: a start that finds the machine busy too reads it (no second timing
+    of seconds), a quiet one times it again and replaces it; no quiet reader (`load`) takes it."""
     lins, sig = [torch.nn.Linear(8, 8)], ((8, 8, torch.float32),)
     calls = plan_cache_case(monkeypatch)
     timing = kernel_choice.time_passes
     monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
     monkeypatch.setattr(kernel_choice, "time_passes", lambda linears: time.sleep(0.05) or timing(linears))
     assert kernel_choice.stored_or_measured(lins, sig, 1) == Plan(2) and len(calls) == 1
-    assert plan_cache.read() == {}
+    key = plan_cache.key(sig, 1)
+    assert plan_cache.read()[key]["busy"] is True and plan_cache.load(key) is None
+    monkeypatch.setattr(plan_cache, "quiet_now", lambda: False)  # a busy start
+    assert kernel_choice.stored_or_measured(lins, sig, 1) == Plan(2) and len(calls) == 1
+    monkeypatch.setattr(plan_cache, "quiet_now", lambda: True)  # a quiet start
     monkeypatch.setattr(kernel_choice, "time_passes", timing)
-    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # judged quiet whatever else runs beside this test
     assert kernel_choice.stored_or_measured(lins, sig, 1) == Plan(2) and len(calls) == 2
-    assert plan_cache.load(plan_cache.key(sig, 1)) == (2, None)
+    assert plan_cache.load(key) == (2, None) and "busy" not in plan_cache.read()[key]
+
+
+def test_a_spin_that_sleeps_is_not_quiet(monkeypatch):
+    """quiet_now's judgement can fail: a thread off its core for most of the spin (here: asleep) is not quiet."""
+    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
+    assert not plan_cache.timed_quietly(lambda: time.sleep(0.05))[1]
 
 
 def test_a_corrupt_plan_file_is_ignored_and_rewritten(monkeypatch):

@@ -78,7 +78,8 @@ def test_a_busy_machines_plan_lays_out_no_cached_weights(native_everywhere, monk
     timing = kernel_choice.time_passes
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a: time.sleep(0.05) or timing(*a))
     checkpoints.load_module(entry, decode=True)
-    assert native_everywhere == [1] and plan_cache.read() == {} and not list(layout_cache.folder().glob("*"))
+    assert native_everywhere == [1] and not list(layout_cache.folder().glob("*"))
+    assert [e.get("busy") for e in plan_cache.read().values()] == [True]  # for busy starts only
     kernel_choice._MEASURED.clear()
     monkeypatch.setattr(kernel_choice, "time_passes", timing)
     monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
