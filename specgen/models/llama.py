@@ -303,7 +303,7 @@ def remap(cfg: TransformerConfig, names, get: Callable[[str], torch.Tensor | Non
     for ours, theirs in wanted.items():
         parts = [get(t) for t in theirs]
         if missing := [t for t, p in zip(theirs, parts) if p is None]:
-            raise CheckpointError(f"checkpoint lacks tensor {missing[0]}")
+            raise CheckpointError(f"{source} lacks tensor {missing[0]}")
         whole = shapes[ours]  # q, k, v: their rows of wqkv
         for t, p, want in zip(theirs, parts, whole.split(qkv_rows(cfg)) if len(theirs) > 1 else (whole,)):
             if p.shape != want.shape:

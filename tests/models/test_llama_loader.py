@@ -49,6 +49,21 @@ def test_hf_folder_roundtrip(tmp_path):
     torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_a_missing_tensor_is_named_with_its_checkpoint(tmp_path):
+    from safetensors.torch import save_file
+
+    model = tiny_model(1, tie_embeddings=False)
+    hf = to_hf(model)
+    hf.config.architectures = ["LlamaForCausalLM"]
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(hf.config.to_dict()))
+    state = {k: v.contiguous() for k, v in hf_state(model).items() if k != "model.layers.1.mlp.down_proj.weight"}
+    save_file(state, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="^my-llama lacks tensor model.layers.1.mlp.down_proj.weight$"):
+        load_hf_folder(folder)
+
+
 @pytest.mark.slow
 def test_smollm2_gguf_matches_transformers_gguf_loader():
     """The built-in GGUF conversion equals transformers' own GGUF loading of the same file."""
