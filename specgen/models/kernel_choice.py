@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import takewhile
 
 import torch
@@ -42,6 +42,8 @@ class Plan:
 
     min_rows: int
     native: tuple[int, int | None] | None = None
+    # timed while other processes took the core (`plan_cache.timed_quietly`): used, not kept (`KernelChoice.kept`)
+    busy: bool = field(default=False, compare=False, repr=False)
 
     def kernel(self, rows: int) -> str:
         """"native", "onednn" or "mkl"."""
@@ -231,9 +233,9 @@ def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
         return Plan(*stored)
     busy = plan_cache.load(k, busy=True)  # timed while other processes took the core: kept for starts that are too
     if busy is not None and not plan_cache.quiet_now():  # (a busy timing is no better: a second would cost seconds)
-        return Plan(*busy)
+        return Plan(*busy, busy=True)
     timing, quiet = plan_cache.timed_quietly(lambda: time_passes(linears))
-    plan = timing.plan
+    plan = replace(timing.plan, busy=not quiet)
     if quiet or busy is None:  # a tuple: a JSON list
         plan_cache.add(plan_cache.path(), k, {"min_rows": plan.min_rows, "native": plan.native,
                                               **({} if quiet else {"busy": True})})
@@ -255,11 +257,15 @@ class KernelChoice:
         return self.kept() or (self.signature, torch.get_num_threads()) in _MEASURED
 
     def kept(self) -> bool:
-        """Whether every start reads the plan at this thread count: pinned, or stored from a quiet timing (a busy
-        machine's is timed again by a quiet start, so what a load lays out for it is not kept:
-        `layout_cache.plan_of`)."""
-        return self.fixed is not None or plan_cache.load(plan_cache.key(self.signature,
-                                                                         torch.get_num_threads())) is not None
+        """Whether every start reads the plan at this thread count: pinned, or from a quiet timing (stored, or this
+        process's); a busy machine's is timed again by a quiet start, so what a load lays out for it is not kept
+        (`layout_cache.plan_of`)."""
+        threads = torch.get_num_threads()
+        if self.fixed is not None:
+            return True
+        if (measured := _MEASURED.get((self.signature, threads))) is not None:  # this process's: quiet, or not
+            return not measured.busy
+        return plan_cache.load(plan_cache.key(self.signature, threads)) is not None
 
     def plan(self) -> Plan:
         """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""
