@@ -11,7 +11,10 @@ from specgen.errors import CheckpointError, UsageError
 from specgen.models.llama import MAX_CONTEXT, Loaded, capped_context, remap, rope_scaling, unfused
 from specgen.models.transformer import TransformerConfig
 
-GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}
+GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved"}
+# an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
+# holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
+NOPE_STEP = {"smollm3": 4}
 GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
@@ -94,10 +97,11 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)  # caps the context (capped_context)
     if not isinstance(window, int) or window < 1:
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
+    n_layers = gguf_field(reader, f"{arch}.block_count")
+    step = NOPE_STEP.get(arch)
     try:
         cfg = TransformerConfig(
-            vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim,
-            n_layers=gguf_field(reader, f"{arch}.block_count"), n_heads=n_heads,
+            vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
             ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
@@ -107,6 +111,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
+            nope_layers=tuple(i for i in range(n_layers) if (i + 1) % step == 0) if step else (),
         )
     except ValueError as e:  # RoPE factors of another length than the rotary frequencies, or not positive; odd dims
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None

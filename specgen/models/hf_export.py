@@ -1,4 +1,4 @@
-"""A transformers Llama / Qwen2 / Qwen3 / Phi-3 causal LM with a specgen Transformer's weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Qwen2, Qwen3, Phi-3, SmolLM3) of a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
     # optional dependency: only an export needs transformers
     from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
     cfg = model.cfg
     if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
@@ -68,7 +68,14 @@ def to_hf(model: Transformer):
         # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
         # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
         common["rope_scaling"]["factor"] = 1.0
-    if cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
+    if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
+        raise ValueError("to_hf exports NoPE layers as SmolLM3, which has no partial RoPE, q/k norms or q/k/v-only "
+                         "biases")
+    if cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
+        hf = SmolLM3ForCausalLM(SmolLM3Config(
+            **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
+            attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
+    elif cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
         original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
         hf = Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
                                         original_max_position_embeddings=original))

@@ -19,14 +19,22 @@ from specgen.models.unfilled import random_fills_skipped
 MAX_CONTEXT = 8192  # the longest context specgen builds RoPE tables for (longer ones are capped to it)
 SHARD_INDEX = "model.safetensors.index.json"  # a sharded HF checkpoint's tensor -> file map
 
-# name -> transformers' class defaults of the math keys a config.json may leave out
+# name -> transformers' class defaults of the math keys a config.json may leave out (else rope_theta 10000, untied)
 HF_ARCHITECTURES = {
     "LlamaForCausalLM": {"max_position_embeddings": 2048},
     "MistralForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
     "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
     "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
+    "SmolLM3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "rope_theta": 2000000.0,
+                           "tie_word_embeddings": True},  # Llama's math, some layers without RoPE (nope_layers)
 }
+# an architecture -> the bias keys its transformers class reads, each refused when set (specgen's q/k/v biases are
+# Qwen2's, which that class always has)
+BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalLM": ("attention_bias",),
+             "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias")}
+BIASES = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
+          "mlp_bias": "MLP biases are not implemented"}
 # an architecture (HF or GGUF name) -> its fused tensors as the Llama names the loader maps: a Llama name's suffix ->
 # (the fused tensor's suffix, which part of it along dim 0: q, k, v of the projection's rows; the gate's, then up's)
 FUSED = {
@@ -74,7 +82,7 @@ def hf_config(raw: dict) -> TransformerConfig:
         raise CheckpointError(f"config.json sets num_attention_heads={n_heads} over num_key_value_heads={n_kv_heads}: "
                               "the query heads do not share the key/value heads evenly")
     context = declared_context(raw)
-    scaling, theta = rope_scaling(raw, context)
+    scaling, theta = rope_scaling(raw, context, defaults.get("rope_theta", 10000.0))
     head_dim = raw.get("head_dim") or defaults.get("head_dim", 0)
     try:
         return TransformerConfig(
@@ -83,8 +91,8 @@ def hf_config(raw: dict) -> TransformerConfig:
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
             qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads),
+            tie_embeddings=bool(raw.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
+            rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads), nope_layers=nope_layers(raw, arch),
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
@@ -129,24 +137,23 @@ def check_unsupported(raw: dict, arch: str) -> None:
     """Refuse keys whose math specgen's decoder does not have (activation, biases, quantized weights)."""
     if raw.get("hidden_act", "silu") not in ("silu", "swish"):
         raise refuse("hidden_act", raw["hidden_act"], "specgen's MLP is SwiGLU (silu) only")
-    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and raw.get("attention_bias"):
-        raise refuse("attention_bias", True, "biases on q/k/v and o_proj are not implemented")
-    if arch == "LlamaForCausalLM" and raw.get("mlp_bias"):
-        raise refuse("mlp_bias", True, "MLP biases are not implemented")
+    for key in BIAS_KEYS.get(arch, ()):
+        if raw.get(key):
+            raise refuse(key, raw[key], BIASES[key])
     if quant := raw.get("quantization_config"):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
                      "import the float checkpoint (specgen quantizes it itself)")
 
 
-def rope_scaling(raw: dict, context: int) -> tuple[dict | None, float]:
+def rope_scaling(raw: dict, context: int, default_theta: float = 10000.0) -> tuple[dict | None, float]:
     """(TransformerConfig.rope_scaling, rope_theta) from `rope_scaling` (transformers 4) or `rope_parameters` (5);
-    like transformers, a non-empty `rope_scaling` wins."""
+    like transformers, a non-empty `rope_scaling` wins; no `rope_theta` anywhere: the class's `default_theta`."""
     key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
     params = raw.get(key) or {}
     if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
         raise refuse(key, params, "per-layer RoPE parameters are not implemented")
-    theta = positive_number("rope_theta", params.get("rope_theta") or raw.get("rope_theta") or 10000.0)
+    theta = positive_number("rope_theta", params.get("rope_theta") or raw.get("rope_theta") or default_theta)
     kind = params.get("rope_type", params.get("type", "default"))
 
     def need(name: str):
@@ -217,16 +224,42 @@ def spread_rotary(cfg: TransformerConfig, ours: str, parts: list[torch.Tensor]) 
     return [per_head(parts[0], order)] if ours.endswith(("q_norm.weight", "k_norm.weight")) else parts
 
 
+def nope_layers(raw: dict, arch: str) -> tuple[int, ...]:
+    """TransformerConfig.nope_layers: SmolLM3's layers without RoPE, those its `no_rope_layers` marks 0 (1: RoPE);
+    without that list, as transformers derives it, every `no_rope_layer_interval`-th (layer i when (i + 1) % interval
+    == 0). A list that does not give each layer one 0 or 1 is refused as corrupt (transformers would read a longer
+    one's first entries and any truthy value as RoPE)."""
+    if arch != "SmolLM3ForCausalLM":
+        return ()
+    n = raw["num_hidden_layers"]
+    marks = raw.get("no_rope_layers")
+    if marks is None:
+        interval = raw.get("no_rope_layer_interval", 4)
+        if not (type(interval) is int and interval > 0):
+            raise CheckpointError(f"config.json sets no_rope_layer_interval={json.dumps(interval)}: not a positive "
+                                  "integer")
+        return tuple(i for i in range(n) if (i + 1) % interval == 0)
+    if not isinstance(marks, list) or len(marks) != n or not all(type(m) is int and m in (0, 1) for m in marks):
+        raise CheckpointError(f"config.json sets no_rope_layers={json.dumps(marks)}: not one 0 (no RoPE) or 1 (RoPE) "
+                              f"for each of its {n} layers")
+    return tuple(i for i, m in enumerate(marks) if m == 0)
+
+
 def sliding_window(raw: dict, arch: str) -> int | None:
     """The sliding-attention window some layer uses, or None; below it sliding attention is full attention, so
     hf_config caps the context at it (docs/architectures.md)."""
     if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):  # every layer slides where a window is set
         window = raw.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)  # their configs' defaults
+    elif arch == "SmolLM3ForCausalLM":  # the layers layer_types marks slide; without it, where use_sliding_window
+        # and a window are set, the NoPE layers (transformers' derivation)
+        window = raw.get("sliding_window")
+        if not ("sliding_attention" in layer_kinds(raw) if raw.get("layer_types") else
+                raw.get("use_sliding_window", False) and window is not None and nope_layers(raw, arch)):
+            return None
+        if window is None:  # transformers cannot build those layers' mask either
+            raise refuse("sliding_window", None, "layer_types marks sliding_attention layers but sets no window")
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        kinds = set(raw.get("layer_types") or [])
-        if kinds - {"full_attention", "sliding_attention"}:
-            raise refuse("layer_types", sorted(kinds),
-                         "only full_attention and sliding_attention layers are implemented")
+        kinds = layer_kinds(raw)
         if not raw.get("use_sliding_window", False):
             return None
         window = raw.get("sliding_window", 4096)
@@ -238,6 +271,14 @@ def sliding_window(raw: dict, arch: str) -> int | None:
     if window is not None and (not isinstance(window, int) or window < 1):
         raise refuse("sliding_window", window, "not a positive window")
     return window
+
+
+def layer_kinds(raw: dict) -> set[str]:
+    """The attention kinds `layer_types` names; a kind other than full and sliding attention is refused."""
+    kinds = set(raw.get("layer_types") or [])
+    if kinds - {"full_attention", "sliding_attention"}:
+        raise refuse("layer_types", sorted(kinds), "only full_attention and sliding_attention layers are implemented")
+    return kinds
 
 
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv

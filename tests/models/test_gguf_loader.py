@@ -18,7 +18,7 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import LLAMA3, assert_same, hf_model, logits, tokens
+from tests.models.test_hf_configs import LLAMA3, SMOLLM3, assert_same, hf_model, logits, tokens
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -37,10 +37,11 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
 
 def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
                **keys) -> None:
-    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`, q and k
-    rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3` keep the halves; `phi3` fuses q, k, v into
-    attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32 array) besides; `keys`: more metadata, by the
-    writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...)."""
+    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama` and
+    `smollm3` (its converter is Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3`
+    keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32
+    array) besides; `keys`: more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn",
+    ...)."""
     w = GGUFWriter(str(path), arch)
     for key, value in {**dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
                               feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
@@ -59,7 +60,7 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
             tensors[b + "attn_qkv.weight"] = torch.cat([tensors.pop(b + f"attn_{x}.weight") for x in "qkv"])
             tensors[b + "ffn_up.weight"] = torch.cat([tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]])
     for name, t in tensors.items():
-        if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
+        if arch in ("llama", "smollm3") and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
             heads = t.shape[0] // cfg.hd
             t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
         w.add_tensor(name, t.float().numpy())
@@ -122,6 +123,31 @@ def test_a_qwen_or_phi3_gguf_decodes_as_transformers_model(arch, tmp_path):
         "qwen2": (False, True, 8, 8), "qwen3": (True, False, 16, 16), "phi3": (False, False, 8, 8),
         "phi4": (False, False, 16, 12)}[arch]
     assert_same(ours, theirs, tokens(40))
+
+
+@pytest.mark.parametrize("no_rope_layers,same", [(None, True), ([0, 1, 1, 1, 0, 1, 1, 1], False)])
+def test_a_smollm3_gguf_skips_rope_on_every_fourth_layer_as_llama_cpp_does(no_rope_layers, same, tmp_path):
+    """A smollm3 GGUF holds no NoPE layers key: llama.cpp skips RoPE on layer i when (i + 1) % 4 == 0, and so does the
+    loader, which gives transformers' logits for SmolLM3's default layers (3 and 7 of 8), also through the hf row's
+    export. A SmolLM3 whose no_rope_layers is another pattern converts to the same GGUF keys and loads with that step:
+    not its HF folder's model, as in llama.cpp (docs/architectures.md). Control: no NoPE layers differs."""
+    theirs = hf_model("SmolLM3ForCausalLM", **{**SMOLLM3, "num_hidden_layers": 8, "no_rope_layers": no_rope_layers})
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "s.gguf", loaded.cfg, loaded.state, arch="smollm3")
+    loaded = load_gguf(tmp_path / "s.gguf")
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state, strict=False) == (["output.weight"], [])  # tied: the embedding's
+    assert (loaded.cfg.nope_layers, loaded.cfg.rope_layout, loaded.cfg.tie_embeddings) == ((3, 7), "interleaved", True)
+    x = tokens(64)
+    if not same:
+        assert not torch.allclose(logits(ours, x), logits(theirs, x), atol=1e-2)
+        return
+    assert_same(ours, theirs, x)
+    assert_same(to_hf(ours), theirs, x)
+    wrong = Transformer(dataclasses.replace(loaded.cfg, nope_layers=())).eval()
+    wrong.load_state_dict(loaded.state, strict=False)
+    assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)
 
 
 @pytest.mark.parametrize("window,context", [(None, 256), (100, 100), (4096, 256), (0, None)])

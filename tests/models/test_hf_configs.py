@@ -26,6 +26,8 @@ SHAPE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_lay
              num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=100.0, max_position_embeddings=256)
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
+# SmolLM3 over 4 layers: its class defaults make layer 3 NoPE; token ids inside the tiny vocabulary
+SMOLLM3 = dict(num_hidden_layers=4, pad_token_id=0, bos_token_id=0, eos_token_id=0)
 
 
 def hf_model(arch: str, **over):
@@ -85,7 +87,12 @@ CASES = {  # name -> (architecture, config overrides, sequence length)
     "phi3": ("Phi3ForCausalLM", dict(pad_token_id=0), 64),  # fused q/k/v and gate/up products, GQA (SHAPE's)
     # Phi-4-mini's partial RoPE: 12 of a head's 16 dims rotate
     "phi4-partial-rope": ("Phi3ForCausalLM", dict(pad_token_id=0, hidden_size=64, partial_rotary_factor=0.75), 64),
+    "smollm3": ("SmolLM3ForCausalLM", SMOLLM3, 64),  # layer 3 without RoPE (no_rope_layer_interval 4), tied
+    "smollm3-nope-pattern": ("SmolLM3ForCausalLM", dict(SMOLLM3, no_rope_layers=[0, 1, 0, 1], tie_word_embeddings=False,
+                                                        rope_scaling=LLAMA3), 96),
 }
+# a TransformerConfig field a case sets -> its plain value: loaded with it the case's logits are visibly wrong
+CONTROLS = {"rope_scaling": None, "rope_dim": 0, "nope_layers": ()}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -97,9 +104,10 @@ def test_logits_equal_transformers(case, tmp_path):
     assert ours.cfg.max_seq_len == 256
     assert_same(ours, theirs, tokens(n))
     assert_same(to_hf(ours), theirs, tokens(n))  # the `hf` benchmark row's export carries the same math
-    for key, plain in (("rope_scaling", None), ("partial_rotary_factor", 0)):  # controls: without the scaling
-        if key in over:  # (it matters at this length), or rotating whole heads, is visibly wrong
-            wrong = Transformer(dataclasses.replace(ours.cfg, **{"rope_dim" if plain == 0 else key: plain}))
+    assert ours.cfg.nope_layers == {"smollm3": (3,), "smollm3-nope-pattern": (0, 2)}.get(case, ())
+    for field, plain in CONTROLS.items():  # controls: without the scaling (it matters at this length), rotating
+        if getattr(ours.cfg, field) != plain:  # whole heads, or RoPE in every layer, is visibly wrong
+            wrong = Transformer(dataclasses.replace(ours.cfg, **{field: plain}))
             wrong.load_state_dict(ours.state_dict())
             assert (logits(wrong.eval(), tokens(n)) - logits(theirs, tokens(n))).abs().max() > 1e-2
 
@@ -132,6 +140,7 @@ def test_dynamic_ntk_is_exact_within_the_context(tmp_path):
     ("MistralForCausalLM", dict(sliding_window=24)),
     ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=24, max_window_layers=1)),
     ("Phi3ForCausalLM", dict(sliding_window=24, pad_token_id=0)),  # Phi-3-mini-4k's 2047, every layer
+    ("SmolLM3ForCausalLM", dict(SMOLLM3, use_sliding_window=True, sliding_window=24)),  # its NoPE layer slides
 ])
 def test_sliding_window_caps_the_context(arch, over, tmp_path):
     """Below its window sliding attention is full attention: the context is capped there, longer is refused."""
@@ -210,10 +219,12 @@ def test_context_above_the_cap_is_capped_and_refused_beyond():
     assert hf_config(raw).max_seq_len == 8192
 
 
-def test_greedy_decode_equals_transformers_greedy(tmp_path):
-    """AR through specgen's decode loop (KV cache) on a Llama 3 scaled checkpoint equals transformers' greedy
-    continuation (full forwards)."""
-    theirs = hf_model("LlamaForCausalLM", rope_scaling=LLAMA3)
+@pytest.mark.parametrize("arch,over", [("LlamaForCausalLM", dict(rope_scaling=LLAMA3)),
+                                       ("SmolLM3ForCausalLM", dict(SMOLLM3, no_rope_layers=[1, 0, 1, 0]))])
+def test_greedy_decode_equals_transformers_greedy(arch, over, tmp_path):
+    """AR through specgen's decode loop (KV cache) on a Llama 3 scaled checkpoint, and on a SmolLM3 one with NoPE
+    layers, equals transformers' greedy continuation (full forwards)."""
+    theirs = hf_model(arch, **over)
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
     prompt = tokens(40)
@@ -244,6 +255,11 @@ def raw_llama(**over) -> dict:
     (dict(architectures=["GemmaForCausalLM"]), "GemmaForCausalLM"),
     (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
     (dict(architectures=["Qwen2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
+    (dict(architectures=["SmolLM3ForCausalLM"], attention_bias=True), "attention_bias"),
+    (dict(architectures=["SmolLM3ForCausalLM"], mlp_bias=True), "mlp_bias"),
+    (dict(architectures=["SmolLM3ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
+    (dict(architectures=["SmolLM3ForCausalLM"], layer_types=["full_attention", "sliding_attention"]),
+     "sliding_window"),  # a sliding layer without a window: transformers fails to build its mask
 ])
 def test_refusals_name_the_key(over, named):
     with pytest.raises(UsageError) as err:
@@ -264,6 +280,10 @@ def test_refusals_name_the_key(over, named):
     (dict(rope_parameters={"rope_type": "default", "rope_theta": -1}), "rope_theta=-1: not a positive number"),
     (dict(num_key_value_heads=3), "num_attention_heads=4 over num_key_value_heads=3: the query heads do not share "
                                   "the key/value heads evenly"),
+    *[(dict(architectures=["SmolLM3ForCausalLM"], no_rope_layers=marks), f"no_rope_layers={json.dumps(marks)}: not "
+       "one 0 (no RoPE) or 1 (RoPE) for each of its 2 layers") for marks in ([1, 0, 1], [1], [1, 2], [True, 0], "10")],
+    *[(dict(architectures=["SmolLM3ForCausalLM"], no_rope_layer_interval=interval),
+       f"no_rope_layer_interval={json.dumps(interval)}: not a positive integer") for interval in (0, "4", None)],
 ])
 def test_a_config_number_that_builds_no_model_is_one_line(over, says):
     """A count that was a string, null, zero or a float, or an epsilon that was a string, was carried into the entry
@@ -272,6 +292,32 @@ def test_a_config_number_that_builds_no_model_is_one_line(over, says):
     with pytest.raises(CheckpointError) as err:
         hf_config(raw_llama(**over))
     assert str(err.value) == f"config.json sets {says}"
+
+
+def test_a_smollm3_config_without_its_keys_takes_transformers_class_defaults():
+    """SmolLM3's class defaults differ from Llama's: RoPE base 2e6, a tied head, 4 key/value heads, a 32768
+    context, a NoPE layer every 4th; a config.json leaving them out means them, as transformers reads it."""
+    raw = {k: v for k, v in SHAPE.items() if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings")}
+    raw |= {"architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8}
+    theirs = transformers.SmolLM3Config(**raw)
+    ours = hf_config(raw)
+    assert (ours.rope_theta, ours.tie_embeddings, ours.n_kv_heads, ours.max_seq_len) == (
+        theirs.rope_parameters["rope_theta"], theirs.tie_word_embeddings, theirs.num_key_value_heads, 8192)
+    assert ours.nope_layers == tuple(i for i, rope in enumerate(theirs.no_rope_layers) if not rope) == (3, 7)
+    assert hf_config({**raw, "no_rope_layer_interval": 3}).nope_layers == (2, 5)
+
+
+@pytest.mark.parametrize("over,window", [(dict(use_sliding_window=True, sliding_window=24), 24),
+                                         (dict(use_sliding_window=True, sliding_window=24, num_hidden_layers=3), None),
+                                         (dict(use_sliding_window=False, sliding_window=24), None),
+                                         (dict(use_sliding_window=True, sliding_window=None), None)])
+def test_a_smollm3_config_without_layer_types_slides_its_nope_layers_as_transformers_derives(over, window):
+    """Without `layer_types` transformers slides the NoPE layers where use_sliding_window and a window are set (3
+    layers: no NoPE layer, nothing slides); the context is capped where some layer slides."""
+    raw = {**SHAPE, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4, **over}
+    theirs = transformers.SmolLM3Config(**raw)
+    assert ("sliding_attention" in theirs.layer_types) == (window is not None)
+    assert hf_config(raw).max_seq_len == (window or 256)
 
 
 @pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])

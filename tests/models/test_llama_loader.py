@@ -13,9 +13,13 @@ from specgen.models.llama import load_hf_folder
 from tests.conftest import tiny_model
 
 
-@pytest.mark.parametrize("layout,bias", [("half", False), ("interleaved", False), ("half", True)])
-def test_logits_equal_transformers(layout, bias):
-    model = tiny_model(0, rope_layout=layout, qkv_bias=bias, n_kv_heads=2, tie_embeddings=not bias)
+@pytest.mark.parametrize("layout,bias,nope", [("half", False, ()), ("interleaved", False, ()), ("half", True, ()),
+                                             ("half", False, (1,)), ("interleaved", False, (0, 2))])
+def test_logits_equal_transformers(layout, bias, nope):
+    """The `hf` row's export computes specgen's logits; NoPE layers (`nope_layers`) export as SmolLM3's
+    no_rope_layers (a Llama export rotated them: other logits)."""
+    model = tiny_model(0, rope_layout=layout, qkv_bias=bias, n_kv_heads=2, tie_embeddings=not bias, nope_layers=nope,
+                       n_layers=3)
     if bias:
         for blk in model.layers:
             torch.nn.init.normal_(blk.attention.wqkv.bias, std=0.2)
@@ -25,6 +29,18 @@ def test_logits_equal_transformers(layout, bias):
     with torch.no_grad():
         theirs = hf(tokens).logits
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+    assert type(hf).__name__ == ("SmolLM3ForCausalLM" if nope else "LlamaForCausalLM" if not bias else
+                                 "Qwen2ForCausalLM")
+    if nope:
+        assert hf.config.no_rope_layers == [int(i not in nope) for i in range(3)]
+
+
+@pytest.mark.parametrize("over", [dict(qk_norm=True), dict(qkv_bias=True), dict(rope_dim=4, head_dim=8)])
+def test_nope_layers_beside_what_smollm3_lacks_are_not_exported(over):
+    """SmolLM3, the class NoPE layers export as, has no q/k norms, q/k/v-only biases or partial RoPE: a model with
+    them is refused (a tied export loads its state non-strictly, so q/k norms were dropped silently)."""
+    with pytest.raises(ValueError, match="SmolLM3"):
+        to_hf(tiny_model(0, nope_layers=(1,), **over))
 
 
 def test_hf_folder_roundtrip(tmp_path):
