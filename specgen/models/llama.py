@@ -77,7 +77,7 @@ def hf_config(raw: dict) -> TransformerConfig:
     check_unsupported(raw, arch)
     check_numbers(raw)
     n_heads = raw["num_attention_heads"]
-    n_kv_heads = raw.get("num_key_value_heads") or defaults.get("num_key_value_heads", n_heads)
+    n_kv_heads = kv_heads(raw, arch, n_heads)
     if n_heads % n_kv_heads:  # grouped-query attention: each key/value head serves as many query heads
         raise CheckpointError(f"config.json sets num_attention_heads={n_heads} over num_key_value_heads={n_kv_heads}: "
                               "the query heads do not share the key/value heads evenly")
@@ -98,8 +98,18 @@ def hf_config(raw: dict) -> TransformerConfig:
         raise UsageError(f"config.json: {e}") from None
 
 
+def kv_heads(raw: dict, arch: str, n_heads: int) -> int:
+    """num_key_value_heads as transformers reads it: absent, the class default; null, one per query head (each class's
+    __post_init__), except Mistral's, whose class types the key int and refuses a null."""
+    if "num_key_value_heads" not in raw:
+        return HF_ARCHITECTURES[arch].get("num_key_value_heads", n_heads)
+    if raw["num_key_value_heads"] is None and arch == "MistralForCausalLM":
+        raise CheckpointError("config.json sets num_key_value_heads=null: not a positive integer (MistralConfig)")
+    return raw["num_key_value_heads"] or n_heads  # check_numbers: a positive int or null
+
+
 REQUIRED_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: the class default
+OPTIONAL_COUNTS = ("num_key_value_heads", "head_dim", "max_position_embeddings")  # null or absent: see the reader
 
 
 def check_numbers(raw: dict) -> None:

@@ -307,6 +307,26 @@ def test_a_smollm3_config_without_its_keys_takes_transformers_class_defaults():
     assert hf_config({**raw, "no_rope_layer_interval": 3}).nope_layers == (2, 5)
 
 
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                  "Phi3ForCausalLM", "SmolLM3ForCausalLM"])
+def test_a_null_num_key_value_heads_is_read_as_transformers_reads_it(arch):
+    """An explicit null took the class default (Mistral 8, Qwen 32, SmolLM3 4), another model than transformers
+    builds: its classes read None as num_attention_heads, but MistralConfig types the key int and refuses a null.
+    An absent key keeps the class default."""
+    raw = {**SHAPE, "architectures": [arch], "num_key_value_heads": None, "num_attention_heads": 8}  # not 4: SmolLM3's
+    config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    if arch == "MistralForCausalLM":
+        with pytest.raises(Exception, match="num_key_value_heads"):
+            config_cls(**raw)
+        with pytest.raises(CheckpointError, match=r"^config.json sets num_key_value_heads=null: not a positive"):
+            hf_config(raw)
+    else:
+        assert hf_config(raw).n_kv_heads == config_cls(**raw).num_key_value_heads == 8
+    del raw["num_key_value_heads"]
+    raw |= {"hidden_size": 64, "num_attention_heads": 32}  # so that every class default divides the query heads
+    assert hf_config(raw).n_kv_heads == config_cls(**raw).num_key_value_heads
+
+
 @pytest.mark.parametrize("over,window", [(dict(use_sliding_window=True, sliding_window=24), 24),
                                          (dict(use_sliding_window=True, sliding_window=24, num_hidden_layers=3), None),
                                          (dict(use_sliding_window=False, sliding_window=24), None),
