@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.llama import MAX_CONTEXT, Loaded, capped_context, remap, rope_scaling, unfused
+from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, positive_number, remap, rope_scaling,
+                                  unfused)
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved"}
@@ -21,6 +22,19 @@ GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fas
 def gguf_field(reader, key: str, default=None):
     field = reader.fields.get(key)
     return default if field is None else field.contents()
+
+
+def gguf_count(reader, key: str, source: str, default: int | None = None) -> int:
+    """A count of the GGUF by config.json's rule (llama.count): carried into the entry, another value would break at
+    its first use; a key without a default must be there."""
+    value = gguf_field(reader, key, default)
+    if value is None:
+        raise CheckpointError(f"GGUF file {source} lacks {key}")
+    return count(key, value, f"GGUF file {source}")
+
+
+def gguf_positive(reader, key: str, source: str, default: float) -> float:
+    return positive_number(key, gguf_field(reader, key, default), f"GGUF file {source}")
 
 
 def gguf_rope_scaling(reader, arch: str, context: int, source: str, per_frequency: dict[str, list | None]
@@ -76,9 +90,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}
-    n_heads = gguf_field(reader, f"{arch}.attention.head_count")
-    dim = gguf_field(reader, f"{arch}.embedding_length")
-    head_dim = int(gguf_field(reader, f"{arch}.attention.key_length", dim // n_heads))
+    n_heads = gguf_count(reader, f"{arch}.attention.head_count", path.name)
+    dim = gguf_count(reader, f"{arch}.embedding_length", path.name)
+    # no key_length: the head size is dim // n_heads, and where that is 0 the file lacks the key that gives it
+    head_dim = gguf_count(reader, f"{arch}.attention.key_length", path.name, dim // n_heads or None)
     rotary = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
     # phi3: Phi-4-mini's partial RoPE, as transformers' Phi-3 computes it; no rotary dim at all would be rope_dim 0,
     # which TransformerConfig reads as whole heads (odd or too many dims: its ValueError below)
@@ -86,7 +101,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         raise UsageError(f"GGUF file {path.name} sets {arch}.rope.dimension_count={rotary} for a head size of "
                          f"{head_dim} (partial RoPE), which specgen implements for phi3, over some of a head's dims "
                          "(docs/architectures.md)")
-    context = int(gguf_field(reader, f"{arch}.context_length", 2048))
+    context = gguf_count(reader, f"{arch}.context_length", path.name, 2048)
     # one number a frequency: Llama 3's divisors, Phi-3's LongRoPE factors (tensors the model has no place for)
     per_frequency = {x: tensors.pop(name, None) for x, name in (("freqs", "rope_freqs.weight"),
                                                                 ("short", "rope_factors_short.weight"),
@@ -97,16 +112,17 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)  # caps the context (capped_context)
     if not isinstance(window, int) or window < 1:
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
-    n_layers = gguf_field(reader, f"{arch}.block_count")
+    n_layers = gguf_count(reader, f"{arch}.block_count", path.name)
     step = NOPE_STEP.get(arch)
     try:
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
-            n_kv_heads=gguf_field(reader, f"{arch}.attention.head_count_kv", n_heads),
-            ffn_dim=gguf_field(reader, f"{arch}.feed_forward_length"),
+            n_kv_heads=gguf_count(reader, f"{arch}.attention.head_count_kv", path.name, n_heads),
+            ffn_dim=gguf_count(reader, f"{arch}.feed_forward_length", path.name),
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
-            norm_eps=float(gguf_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base", 10000.0)), rope_layout=GGUF_LAYOUTS[arch],
+            norm_eps=gguf_positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", path.name, 1e-5),
+            rope_theta=gguf_positive(reader, f"{arch}.rope.freq_base", path.name, 10000.0),
+            rope_layout=GGUF_LAYOUTS[arch],
             max_seq_len=capped_context(context, scaling, window),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k

@@ -117,16 +117,22 @@ def check_numbers(raw: dict) -> None:
     number: carried into the entry, it would break at the entry's first use. A required count that is absent is left
     to the caller's KeyError ('lacks')."""
     for key in REQUIRED_COUNTS + OPTIONAL_COUNTS:
-        value = raw.get(key)
-        if (value is not None or key in raw and key in REQUIRED_COUNTS) and not (type(value) is int and value > 0):
-            raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive integer")
+        if raw.get(key) is not None or key in raw and key in REQUIRED_COUNTS:
+            count(key, raw[key])
     if "rms_norm_eps" in raw:
         positive_number("rms_norm_eps", raw["rms_norm_eps"])
 
 
-def positive_number(key: str, value) -> float:
+def count(key: str, value, source: str = "config.json") -> int:
+    """The rule for a count, of a config.json or a GGUF (gguf_loader): an int above 0 (not a bool, float or string)."""
+    if type(value) is not int or value < 1:
+        raise CheckpointError(f"{source} sets {key}={json.dumps(value)}: not a positive integer")
+    return value
+
+
+def positive_number(key: str, value, source: str = "config.json") -> float:
     if type(value) not in (int, float) or not 0 < value < math.inf:
-        raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not a positive number")
+        raise CheckpointError(f"{source} sets {key}={json.dumps(value)}: not a positive number")
     return float(value)
 
 

@@ -41,13 +41,13 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
     `smollm3` (its converter is Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3`
     keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32
     array) besides; `keys`: more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn",
-    ...)."""
+    ...; a callable writes the key its own way: `lambda w: None` leaves it out)."""
     w = GGUFWriter(str(path), arch)
     for key, value in {**dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
                               feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
                               layer_norm_rms_eps=cfg.norm_eps, rope_freq_base=cfg.rope_theta, key_length=cfg.hd,
                               value_length=cfg.hd, rope_dimension_count=cfg.rotary_dim), **keys}.items():
-        getattr(w, f"add_{key}")(value)
+        value(w) if callable(value) else getattr(w, f"add_{key}")(value)
     sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     tensors = {}  # GGUF name -> tensor
     for ours, theirs in layer_map(cfg, "gguf").items():
@@ -307,6 +307,35 @@ def test_a_gguf_import_records_its_own_context_as_an_hf_folders_does(tmp_path):
     for source in ("hf", "l.gguf"):
         entry = import_checkpoint(tmp_path / source, source.replace(".", "-"))
         assert entry.meta["source_context"] == 32768 and entry.meta["kwargs"]["max_seq_len"] == 8192
+
+
+@pytest.mark.parametrize("method,key,value,says", [
+    ("uint32", "attention.head_count", 0, "=0: not a positive integer"),
+    ("string", "attention.head_count", "4", '="4": not a positive integer'),
+    ("array", "attention.head_count", [4, 4], "=[4, 4]: not a positive integer"),
+    ("bool", "attention.head_count_kv", True, "=true: not a positive integer"),
+    ("int32", "block_count", -1, "=-1: not a positive integer"),
+    ("float32", "embedding_length", 32.0, "=32.0: not a positive integer"),
+    ("string", "feed_forward_length", "48", '="48": not a positive integer'),
+    ("string", "context_length", "x", '="x": not a positive integer'),
+    ("uint32", "attention.key_length", 0, "=0: not a positive integer"),
+    ("float32", "attention.layer_norm_rms_epsilon", 0.0, "=0.0: not a positive number"),
+    ("string", "rope.freq_base", "x", '="x": not a positive number'),
+    (None, "attention.head_count", None, None),
+    (None, "feed_forward_length", None, None),
+])
+def test_a_gguf_shape_key_that_builds_no_model_is_one_line_naming_it(method, key, value, says, tmp_path):
+    """As config.json's counts (llama.count, positive_number): a head count of 0 was a ZeroDivisionError, a string
+    or an array a TypeError or a broken entry; a required key left out, a TypeError."""
+    hf_model("LlamaForCausalLM", tie_word_embeddings=False).save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    name = key.split(".")[-1].replace("layer_norm_rms_epsilon", "layer_norm_rms_eps").replace("freq_base",
+                                                                                           "rope_freq_base")
+    add = (lambda w: None) if method is None else (lambda w: getattr(w, f"add_{method}")(f"llama.{key}", value))
+    write_gguf(tmp_path / "b.gguf", loaded.cfg, loaded.state, **{name: add})
+    with pytest.raises(CheckpointError) as err:
+        load_gguf(tmp_path / "b.gguf")
+    assert str(err.value) == f"GGUF file b.gguf {'lacks llama.' + key if says is None else f'sets llama.{key}{says}'}"
 
 
 def test_a_gguf_tensor_of_another_shape_than_its_keys_give_is_named(tmp_path):
