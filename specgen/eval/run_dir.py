@@ -348,7 +348,8 @@ class RunDir:
                 for m, why in info["skipped"].items()}
 
     def machines(self) -> dict[str, dict]:
-        """shard label -> its machine file."""
+        """shard label -> its machine file; one whose keys are not of the types the summaries read (MACHINE) is
+        refused in one line, as a run.json of another shape is: skipped, its cost curve would leave a table short."""
         out = {}
         for file in sorted(self.path.glob("machine-*.json")):
             try:
@@ -356,8 +357,20 @@ class RunDir:
             except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):
                 continue  # a machine file is replaced atomically; an unreadable one is not ours
             if isinstance(doc, dict):  # (nor is JSON of another shape)
+                why = json_shape.first(json_shape.fault(doc[k], hint, k) for k, hint in MACHINE.items() if k in doc)
+                if why:
+                    raise UsageError(f"{file} is not a specgen machine file: {why}")
                 out[file.stem.removeprefix("machine-")] = doc
         return out
+
+
+# the keys of a machine file that summaries read, each checked where present (each suite writes its own): text's
+# (text_bench), images' (image_bench), meshes' (mesh_bench), captured steps' (graph_use); the others are not read
+MACHINE = {"machine": str, "versions": dict[str, str], "cost_rows": list[int], "cost": list[float],
+           "skipped": dict[str, str], "streamed_bytes": dict[str, int], "bandwidth_gbs": float,
+           "timed_captures": dict[str, int], "conditions": dict[str, list[int | str]],
+           "reference_features": list[list[float]], "quality_note": str, "branches": int,
+           "references": dict[str, float]}
 
 
 def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dict[str, float]]:

@@ -247,6 +247,31 @@ def test_a_run_file_no_report_can_read_is_one_line(finished, edit, why):
     assert why in r.output
 
 
+# an edit of the finished run's machine file, and what the one error line says of it
+MACHINE_FILES = {
+    "a string for the cost curve": (lambda d: d.update(cost="x"), "cost is a string, not list[float]"),
+    "a string in the cost rows": (lambda d: d["cost_rows"].insert(0, "1"), "cost_rows[0] is a string, not int"),
+    "a number for the label": (lambda d: d.update(machine=5), "machine is an integer, not str"),
+    "a list of skipped rows": (lambda d: d.update(skipped=["llamacpp"]), "skipped is a list, not dict[str, str]"),
+    "a string for a capture count": (lambda d: d.update(timed_captures={"ar": "2"}),
+                                     "timed_captures.ar is a string, not int"),
+    "null for the bandwidth": (lambda d: d.update(bandwidth_gbs=None), "bandwidth_gbs is null, not float"),
+}
+
+
+@pytest.mark.parametrize("edit, why", MACHINE_FILES.values(), ids=MACHINE_FILES)
+def test_a_machine_file_no_report_can_read_is_one_line(finished, edit, why):
+    """A machine file with a cost curve, label, skipped rows or counts of another type failed `benchmark report` with
+    a TypeError, exit 1; as a run.json of another shape, it is refused in one line naming the file."""
+    file = finished / "machine-0-of-1.json"
+    doc = json.loads(file.read_text())
+    edit(doc)
+    file.write_text(json.dumps(doc))
+    r = invoke("benchmark", "report", str(finished))
+    assert r.exit_code == 2 and r.stdout == "" and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"{file} is not a specgen machine file: {why}" in r.output
+
+
 def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
     """On a run folder's device filling mid-run the error was 'No space left on device' naming no file (os.write's
     OSError has none), and a short write (the device's last bytes) went unnoticed: the next record was appended onto
