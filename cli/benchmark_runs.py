@@ -209,8 +209,8 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
     grids = suite.grids(p)
     records = sink.records(grids)
-    steps = sum(len(left) for g in grids for left in g.left(records, this))  # 0: nothing loads
-    if steps:
+    steps = sum(len(left) for g in grids for left in g.left(records, this))  # 0: nothing loads, unless
+    if steps or this.label not in sink.machines():  # the shard's machine file is gone or torn: written again
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         sink.start_shard(this)  # the shard's lock (one writer per shard) and a torn last record cut off

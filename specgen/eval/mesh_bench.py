@@ -13,7 +13,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.graph_use import GraphUse
-from specgen.eval.run_dir import Grid, Shard
+from specgen.eval.run_dir import Grid, RunNotFinished, Shard
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
                                  sweeps_on)
@@ -265,14 +265,17 @@ def mesh_rows_of(cfg: MeshBenchConfig, sink) -> list[dict]:
     vs = variants(cfg)
     work = grid(cfg, vs)
     records = sink.finished([work], "meshes")
-    info = next(iter(sink.machines().values()))
+    references = next((m["references"] for m in sink.machines().values() if "references" in m), None)
+    if references is None:  # written by every shard as it starts: a torn or removed file
+        raise RunNotFinished(f"{sink.path} has no machine file with the test meshes' reference distances "
+                             "(machine-*.json): rerun the same command to write it")
     single = work.runs(records, 1)[0]
     rows = summarize(cfg, vs, single)
     ar_b1 = next((single[v.label] for v in vs if v.heads is None), None)  # batch-1 AR's runs
     for b in (b for b in cfg.batch_sizes if b > 1):
         runs, walls = work.runs(records, b)
         rows += batched_rows(summarize(cfg, vs, runs), runs, walls, b, ar_b1)
-    return [{**r, **info["references"]} for r in rows]
+    return [{**r, **references} for r in rows]
 
 
 def batched_rows(rows: list[dict], runs: dict, walls: dict, batch: int, ar_b1: list[dict] | None) -> list[dict]:

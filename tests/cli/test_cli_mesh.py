@@ -357,6 +357,14 @@ def test_benchmark_report_shows_the_rows_methods_names(tiny, tmp_path):
     assert json.loads(shown.stdout) == [every[i] for i in (0, 2, 3, 5)]  # the run's numbers, fewer rows
     one_error_line(invoke("benchmark", "report", run, "--methods", "ar,cb"), 2,
                    "--methods: the run has no row 'cb'; its rows: ar, ca, ca p>0.9")
+    for machine in run.glob("machine-*.json"):  # torn: skipped, so no reference distances for the table
+        machine.write_text("{torn")
+    one_error_line(invoke("benchmark", "report", run), 2, "no machine file with the test meshes' reference distances")
+    again = invoke("benchmark", "--suite", "meshes", "--model", "tiny-mesh", "--limit", "2", "--format", "json",
+                   "max_new_tokens=6", "num_heads=2", "heads={ca: tiny-heads}", "rows=[ar,ca]", "sweep_row=ca",
+                   "deltas=[0.9]", "topk_accept=[]", "tree_k=[]", "depths=[]", "--batch-size", "1,2", "--run-dir", run)
+    assert again.exit_code == 0 and again.stdout, (again.stdout, again.stderr)
+    assert json.loads(again.stdout) == every  # as the line says: rewritten
 
 
 def test_benchmark_meshes_options_apply_to_every_heads_row(tiny):

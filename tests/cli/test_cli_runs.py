@@ -272,6 +272,18 @@ def test_a_machine_file_no_report_can_read_is_one_line(finished, edit, why):
     assert f"{file} is not a specgen machine file: {why}" in r.output
 
 
+def test_a_finished_shards_torn_machine_file_is_written_again_by_a_rerun(finished, long_tiny_target):  # noqa: F811
+    """A finished shard measured nothing and loaded nothing on a rerun, so a torn (or removed) machine file stayed
+    so: its cost curve and labels were gone from every report. A rerun now writes it again, measuring no item."""
+    file = finished / "machine-0-of-1.json"
+    whole = json.loads(file.read_text())
+    file.write_text("{torn")
+    count = len(records(finished))
+    r = invoke(*FINISHED, "--run-dir", finished, "--format", "json")
+    assert r.exit_code == 0 and rows_of(r), r.output
+    assert json.loads(file.read_text()).keys() == whole.keys() and len(records(finished)) == count  # nothing redone
+
+
 def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monkeypatch):
     """On a run folder's device filling mid-run the error was 'No space left on device' naming no file (os.write's
     OSError has none), and a short write (the device's last bytes) went unnoticed: the next record was appended onto
