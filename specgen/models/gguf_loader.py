@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -94,7 +95,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     dim = gguf_count(reader, f"{arch}.embedding_length", path.name)
     # no key_length: the head size is dim // n_heads, and where that is 0 the file lacks the key that gives it
     head_dim = gguf_count(reader, f"{arch}.attention.key_length", path.name, dim // n_heads or None)
-    rotary = int(gguf_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    rotary = gguf_field(reader, f"{arch}.rope.dimension_count", head_dim)
+    if type(rotary) is not int or rotary < 0:  # 0 is a count here: refused below with what it would mean
+        raise CheckpointError(f"GGUF file {path.name} sets {arch}.rope.dimension_count={json.dumps(rotary)}: not a "
+                              "count of rotary dims")
     # phi3: Phi-4-mini's partial RoPE, as transformers' Phi-3 computes it; no rotary dim at all would be rope_dim 0,
     # which TransformerConfig reads as whole heads (odd or too many dims: its ValueError below)
     if rotary != head_dim and (arch != "phi3" or rotary < 1):

@@ -321,6 +321,8 @@ def test_a_gguf_import_records_its_own_context_as_an_hf_folders_does(tmp_path):
     ("uint32", "attention.key_length", 0, "=0: not a positive integer"),
     ("float32", "attention.layer_norm_rms_epsilon", 0.0, "=0.0: not a positive number"),
     ("string", "rope.freq_base", "x", '="x": not a positive number'),
+    ("string", "rope.dimension_count", "x", '="x": not a count of rotary dims'),
+    ("array", "rope.dimension_count", [8], "=[8]: not a count of rotary dims"),
     (None, "attention.head_count", None, None),
     (None, "feed_forward_length", None, None),
 ])
@@ -331,6 +333,7 @@ def test_a_gguf_shape_key_that_builds_no_model_is_one_line_naming_it(method, key
     loaded = load_hf_folder(tmp_path / "hf")
     name = key.split(".")[-1].replace("layer_norm_rms_epsilon", "layer_norm_rms_eps").replace("freq_base",
                                                                                            "rope_freq_base")
+    name = name.replace("dimension_count", "rope_dimension_count")
     add = (lambda w: None) if method is None else (lambda w: getattr(w, f"add_{method}")(f"llama.{key}", value))
     write_gguf(tmp_path / "b.gguf", loaded.cfg, loaded.state, **{name: add})
     with pytest.raises(CheckpointError) as err:
