@@ -231,8 +231,8 @@ def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
     k = plan_cache.key(signature, threads)
     if (stored := plan_cache.load(k)) is not None:
         return Plan(*stored)
-    busy = plan_cache.load(k, busy=True)  # timed while other processes took the core: kept for starts that are too
-    if busy is not None and not plan_cache.quiet_now():  # (a busy timing is no better: a second would cost seconds)
+    busy = plan_cache.load(k, busy=True)  # timed while other processes took the core: read by starts that find
+    if busy is not None and not plan_cache.quiet_now():  # them there too (timing again costs seconds, no better)
         return Plan(*busy, busy=True)
     timing, quiet = plan_cache.timed_quietly(lambda: time_passes(linears))
     plan = replace(timing.plan, busy=not quiet)

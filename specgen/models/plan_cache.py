@@ -63,9 +63,9 @@ def load(k: str, busy: bool = False) -> tuple[int, tuple[int, int | None] | None
 
 
 def timed_quietly(measure: Callable[[], T]) -> tuple[T, bool]:
-    """`measure()`, and whether its thread kept its core (thread CPU time >= QUIET_SHARE of wall time). Other work
-    shows only as time taken from this thread, never in the timings themselves; a measurement made while it did is
-    used by this process and not kept for later starts (a kernel plan is kept for busy starts only:
+    """`measure()`, and whether its thread kept its core (thread CPU time >= QUIET_SHARE of wall time). Processes that
+    take the core show as wall time this thread did not run; a measurement made while they did is used by this
+    process and not kept for later starts (a kernel plan is kept for busy starts only:
     `kernel_choice.stored_or_measured`). The calling thread takes part in every timed product (OpenMP's first
     thread), so it alone tells."""
     wall, cpu = time.perf_counter(), time.thread_time()
