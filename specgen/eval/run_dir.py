@@ -370,7 +370,7 @@ MACHINE = {"machine": str, "versions": dict[str, str], "cost_rows": list[int], "
            "skipped": dict[str, str], "streamed_bytes": dict[str, int], "bandwidth_gbs": float,
            "timed_captures": dict[str, int], "conditions": dict[str, list[int | str]],
            "reference_features": list[list[float]], "quality_note": str, "branches": int,
-           "references": dict[str, float]}
+           "references": dict[str, float | None]}
 
 
 def batched(records: dict[str, dict], prefix: str) -> tuple[dict[int, dict], dict[str, float]]:
