@@ -138,8 +138,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
 
 
 def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.Entry:
-    """An HF Llama / Mistral / Qwen2 / Qwen3 / Phi-3 folder with its tokenizer (docs/architectures.md: what loads
-    exactly, what is refused), its own context recorded as a GGUF's is (`Loaded.record`)."""
+    """An HF folder of a supported architecture (`llama.HF_ARCHITECTURES`) with its tokenizer (docs/architectures.md:
+    what loads exactly, what is refused), its own context recorded as a GGUF's is (`Loaded.record`)."""
     loaded = load_hf_folder(folder)
     cfg = loaded.cfg
     has_tok = (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
@@ -156,4 +156,3 @@ def import_hf_folder(folder: Path, name: str, force: bool = False) -> registry.E
         "builder": "transformer", "kwargs": cfg.to_dict(), "vocab_size": cfg.vocab_size, "modality": "text",
         "tokenizer": has_tok, "source": str(folder), "created_by": "registry import", **loaded.record(),
     }, extra=tokenizer if has_tok else None, force=force)
-
