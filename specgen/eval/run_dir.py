@@ -357,7 +357,7 @@ class RunDir:
             except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):
                 continue  # a machine file is replaced atomically; an unreadable one is not ours
             if isinstance(doc, dict):  # (nor is JSON of another shape)
-                why = json_shape.first(json_shape.fault(doc[k], hint, k) for k, hint in MACHINE.items() if k in doc)
+                why = json_shape.keys_fault(doc, {k: hint for k, hint in MACHINE.items() if k in doc})
                 if why:
                     raise UsageError(f"{file} is not a specgen machine file: {why}")
                 out[file.stem.removeprefix("machine-")] = doc
