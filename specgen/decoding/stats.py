@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Annotated
 
 
 @dataclass
@@ -17,7 +18,9 @@ class DecodeStats:
     accepted: list[int] = field(default_factory=list)  # per step: draft tokens accepted
     draft_sizes: list[int] = field(default_factory=list)  # per step: nodes in the draft
     depths: list[int] = field(default_factory=list)  # per step: draft-tree depth
-    times: dict[str, float] = field(default_factory=dict)  # phase -> seconds
+    # phase -> seconds; a row that ends before a phase runs again has 0 of it, its wall time is never 0 (bounds
+    # checked on a record read back: eval/json_shape.BOUNDS)
+    times: Annotated[dict[str, Annotated[float, ">= 0"]], "sum > 0"] = field(default_factory=dict)
     extras: dict[str, float] = field(default_factory=dict)  # method-specific counters
 
     def record(self, size: int, depth: int, accepted: int) -> None:

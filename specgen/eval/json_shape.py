@@ -14,6 +14,9 @@ SCALARS: dict[Any, tuple[type, ...]] = {int: (int,), float: (int, float), str: (
 # what a JSON value is, as a message names it
 KINDS = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "a boolean",
          type(None): "null"}
+# a value's bound, as a record's dataclass writes it: `Annotated[float, "> 0"]` (a time a summary divides by)
+BOUNDS: dict[str, Callable[[Any], bool]] = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0,
+                                             "sum > 0": lambda v: sum(v.values()) > 0}
 
 
 def fault(value: Any, hint: Any, where: str) -> str | None:
@@ -41,6 +44,8 @@ def name(hint: Any) -> str:
         return "None"
     if typing.get_origin(hint) in (types.UnionType, typing.Union):
         return " | ".join(map(name, typing.get_args(hint)))
+    if typing.get_origin(hint) is typing.Annotated:  # its base type: a bound is named where it is not met
+        return name(typing.get_args(hint)[0])
     args = typing.get_args(hint)
     return f"{typing.get_origin(hint).__name__}[{', '.join(map(name, args))}]" if args else hint.__name__
 
@@ -77,6 +82,16 @@ def fixed(value: Any, hint: Any) -> str | None:
     return first(f"[{i}]{why}" for i, (v, h) in enumerate(zip(value, each)) if (why := inside(v, h)) is not None)
 
 
+def bounded(value: Any, hint: Any) -> str | None:
+    """Annotated[X, bound, ...]: an X within each bound (BOUNDS)."""
+    base, *bounds = typing.get_args(hint)
+    why = inside(value, base)
+    if why is not None:
+        return why
+    out = next((b for b in bounds if not BOUNDS[b](value)), None)
+    return None if out is None else f" is {value!r}, not {out}"
+
+
 def either(value: Any, hint: Any) -> str | None:
     return None if any(inside(value, h) is None for h in typing.get_args(hint)) else wrong(value, hint)
 
@@ -106,7 +121,7 @@ def keys_fault(doc: dict, hints: dict[str, Any]) -> str | None:
 @cache
 def shape(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(field -> type, the fields without a default) of a dataclass; its annotations resolved in its module."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)
     required = tuple(f.name for f in fields if (f.default, f.default_factory) == (dataclasses.MISSING,) * 2)
     return {f.name: hints[f.name] for f in fields}, required
@@ -118,4 +133,4 @@ def first(faults) -> str | None:
 
 CHECKS: dict[Any, Callable[[Any, Any], str | None]] = {
     **dict.fromkeys(SCALARS, scalar), list: sequence, tuple: fixed, dict: mapping, types.UnionType: either,
-    typing.Union: either}
+    typing.Union: either, typing.Annotated: bounded}

@@ -13,7 +13,7 @@ from datetime import timedelta
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator, Sequence
+from typing import Annotated, Any, Callable, Collection, Iterator, Sequence
 
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.eval import json_shape
@@ -421,7 +421,7 @@ class Grid:
                 return f"its runs lack row {gone!r} (another config's record?)"
             return json_shape.first(json_shape.fault(runs[m], self.run, f"runs.{m}") for m in self.rows if m in runs)
         if key.rpartition("/")[0] + "/" in self.batched_keys:
-            why = json_shape.keys_fault(rec, {"shard": str, "indices": list[int], "wall": float,
+            why = json_shape.keys_fault(rec, {"shard": str, "indices": list[int], "wall": Annotated[float, "> 0"],
                                               "runs": list[self.run]})
             if why is None and len(runs) != len(rec["indices"]):
                 why = f"it has {len(runs)} runs for {len(rec['indices'])} indices"

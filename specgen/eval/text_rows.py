@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 
@@ -17,7 +18,7 @@ class Run:
     """One method on one prompt (batched: `seconds` is the sequence's latency, queueing included)."""
 
     tokens: list[int]
-    seconds: float
+    seconds: Annotated[float, "> 0"]  # (bounds: eval/json_shape.BOUNDS, checked on the records read back)
     forwards: int
     steps: int
     accepted: int
