@@ -111,9 +111,10 @@ class MeshDecoder:
 
 
 def auto_budget(model: torch.nn.Module, d_max: int, params: SamplingParams) -> MeasuredBudget:
-    """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses); sampled, by the
-    backbone's cost curve and the acceptance observed, so the seed repeats the run (MeasuredBudget 6.)."""
-    return MeasuredBudget(d_max) if params.greedy else MeasuredBudget(d_max, cost=cost_of(model.decoder), timed=False)
+    """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses), a batch size not yet
+    seen predicted by the backbone's cost curve (MeasuredBudget 5.); sampled, by that curve and the acceptance
+    observed, so the seed repeats the run (MeasuredBudget 6.)."""
+    return MeasuredBudget(d_max, cost=cost_of(model.decoder), timed=params.greedy)
 
 
 # -- loading ----------------------------------------------------------------------------------------

@@ -80,6 +80,20 @@ def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times
     assert tokens(0.1) == tokens(10.0)
 
 
+def test_a_greedy_auto_budget_predicts_a_new_batch_size_from_the_backbones_curve(monkeypatch):
+    """Greedy meshes under `budget=auto` measure wall times and carry the backbone's cost curve too, so a batch size
+    never seen is predicted from a measured one (MeasuredBudget 5.) instead of being measured from scratch."""
+    from specgen.methods.xspecmesh import auto_budget
+
+    budget = auto_budget(tiny_mesh_model(), 3, SamplingParams())
+    assert budget.timed and budget.cost is not None
+    for _ in range(2 * budget.tries + 3):  # batch 1 measured both ways (a switch step unmeasured): the draft far behind
+        cap = budget.cap(1)
+        budget.observe(cap, cap, 0)
+        budget.observe_step(1.0 if cap else 0.1)
+    assert 1 in budget._ratio and budget.predict(8) is not None
+
+
 def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
     from specgen.errors import UsageError
 
