@@ -11,7 +11,7 @@ from PIL import Image
 
 from specgen import checkpoints, registry
 from specgen.decoding.budget import MeasuredBudget
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import Tokens, cost_of
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
 from specgen.eval.plots import image_grid
@@ -213,8 +213,8 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
         key = (req.method, repr(sorted(req.builder_options().items())), cfg.cfg_scale, cfg.temperature)
         if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
             # and, sampled, costs every step: the seed repeats the run (MeasuredBudget 6.)
-            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches,
-                                             timed=req.params.greedy)
+            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(Tokens(im.model)),
+                                             rows_per_sequence=parts.target.branches, timed=req.params.greedy)
         budget = im.budgets[key]
     rule = build_image_method(req.method, parts, req.options)[1]
     tokens: list[list[int]] = [[] for _ in conditions]  # as accepted: a finished image's tokens before the batch ends

@@ -25,6 +25,7 @@ from specgen.methods.text import lookup
 from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.models.lora import merge_lora_state
+from specgen.models.mesh import MeshGPT
 
 
 class MeshDecoder:
@@ -110,11 +111,43 @@ class MeshDecoder:
         return self._draft_out
 
 
+@dataclass(frozen=True)
+class ConditionedForward:
+    """`cost.Timed` of the backbone as a mesh decodes it: the decoder's forward over mesh tokens, every block
+    cross-attending to a condition of the point encoder's output shape [1, num_latents, out_dim] (zeros: its values
+    do not change the time; a cloud's are computed once per mesh, by the prefill, which no step repeats)."""
+
+    module: MeshGPT
+
+    @property
+    def limit(self) -> int:
+        return self.module.dec_cfg.max_seq_len
+
+    @property
+    def vocab(self) -> int:
+        return self.module.vocab_size
+
+    def describe(self) -> str:
+        enc = self.module.enc_cfg
+        return f"{self.module.dec_cfg!r} cross-attending to [{enc.num_latents}, {enc.out_dim}]"
+
+    def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int):
+        enc, start = self.module.enc_cfg, self.module.start
+        cache = self.module.new_cache(1, ids.shape[1])
+        cache.cross = self.module.decoder.context_kv(start.new_zeros(1, enc.num_latents, enc.out_dim))
+        self.module.decoder(ids[:, :prefix], positions[:, :prefix], cache)
+        cache.commit(0, list(range(prefix)))
+        return cache
+
+    def forward(self, state, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.module.decoder(ids, positions, state)
+
+
 def auto_budget(model: torch.nn.Module, d_max: int, params: SamplingParams) -> MeasuredBudget:
     """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses), a batch size not yet
     seen predicted by the backbone's cost curve (MeasuredBudget 5.); sampled, by that curve and the acceptance
     observed, so the seed repeats the run (MeasuredBudget 6.)."""
-    return MeasuredBudget(d_max, cost=cost_of(model.decoder), timed=params.greedy)
+    return MeasuredBudget(d_max, cost=cost_of(ConditionedForward(model)), timed=params.greedy)
 
 
 # -- loading ----------------------------------------------------------------------------------------

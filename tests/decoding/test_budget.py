@@ -33,7 +33,7 @@ def test_cost_curve_interpolates_and_extrapolates():
 
 
 def test_measured_cost_is_relative_to_one_token_and_never_falls():
-    curve = measure_cost(tiny_model(0), rows=(1, 2, 8, 64), rounds=1)
+    curve = measure_cost(cost.Tokens(tiny_model(0)), rows=(1, 2, 8, 64), rounds=1)
     assert curve.rows == (1, 2, 8, 64) and all(c > 0 for c in curve.cost)
     assert list(curve.cost) == sorted(curve.cost) and curve.cost[0] <= 1.0
 
@@ -52,11 +52,11 @@ def new_process(monkeypatch) -> None:
 
 def test_a_stored_cost_curve_is_read_on_the_next_start_without_timing(monkeypatch):
     calls = counted_measure(monkeypatch)
-    first = cost.cost_of(tiny_model(0))
+    first = cost.cost_of(cost.Tokens(tiny_model(0)))
     assert len(calls) == 1 and cost.path().is_file()
     new_process(monkeypatch)
     monkeypatch.setattr(cost, "now", lambda device: pytest.fail("a stored curve is timed again"))
-    assert cost.cost_of(tiny_model(1)) == first and len(calls) == 1  # other weights, same structure: read
+    assert cost.cost_of(cost.Tokens(tiny_model(1))) == first and len(calls) == 1  # other weights, same structure: read
 
 
 def test_a_busy_machines_curve_is_measured_again_and_never_kept(monkeypatch):
@@ -65,15 +65,16 @@ def test_a_busy_machines_curve_is_measured_again_and_never_kept(monkeypatch):
     busy = cost.CostCurve((1, 2, 8), (1.0, 1.6, 150.0))
     calls = counted_measure(monkeypatch)
     model = tiny_model(0)
-    plan_cache.add(cost.path(), cost.key(model), {"rows": list(busy.rows), "cost": list(busy.cost)})
-    quiet = cost.cost_of(model)
-    assert len(calls) == 1 and cost.plausible(quiet) and plan_cache.read(cost.path())[cost.key(model)]["cost"] == list(
-        quiet.cost)
+    plan_cache.add(cost.path(), cost.key(cost.Tokens(model)), {"rows": list(busy.rows), "cost": list(busy.cost)})
+    quiet = cost.cost_of(cost.Tokens(model))
+    stored = plan_cache.read(cost.path())[cost.key(cost.Tokens(model))]
+    assert len(calls) == 1 and cost.plausible(quiet) and stored["cost"] == list(quiet.cost)
     new_process(monkeypatch)
-    plan_cache.add(cost.path(), cost.key(model), {"rows": [1, 2, 8], "cost": [1.0, 99.0, 99.0]})
+    plan_cache.add(cost.path(), cost.key(cost.Tokens(model)), {"rows": [1, 2, 8], "cost": [1.0, 99.0, 99.0]})
     monkeypatch.setattr(cost, "measure_cost", lambda m: calls.append(m) or busy)
-    assert cost.cost_of(model) == busy and len(calls) == 3  # twice, both busy: used by this process only
-    assert plan_cache.read(cost.path())[cost.key(model)]["cost"] == [1.0, 99.0, 99.0]  # not replaced by a busy one
+    assert cost.cost_of(cost.Tokens(model)) == busy and len(calls) == 3  # twice, both busy: used by this process only
+    kept = plan_cache.read(cost.path())[cost.key(cost.Tokens(model))]
+    assert kept["cost"] == [1.0, 99.0, 99.0]  # not replaced by a busy one
     assert not cost.plausible(busy) and cost.plausible(cost.CostCurve((1, 2, 8), (1.0, 1.9, 7.5)))
 
 
@@ -84,18 +85,18 @@ def test_a_curve_timed_while_its_thread_lost_the_core_is_used_and_not_stored(mon
     monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
     monkeypatch.setattr(cost, "measure_cost", lambda m: time.sleep(0.05) or measure(m))
     model = tiny_model(0)
-    assert cost.cost_of(model).cost == (1.0, 1.4, 3.0) and len(calls) == 1 and not cost.path().exists()
+    assert cost.cost_of(cost.Tokens(model)).cost == (1.0, 1.4, 3.0) and len(calls) == 1 and not cost.path().exists()
     new_process(monkeypatch)
     monkeypatch.setattr(cost, "measure_cost", measure)
     monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
-    cost.cost_of(model)
-    assert len(calls) == 2 and plan_cache.read(cost.path())[cost.key(model)]["cost"] == [1.0, 1.4, 3.0]
+    cost.cost_of(cost.Tokens(model))
+    assert len(calls) == 2 and plan_cache.read(cost.path())[cost.key(cost.Tokens(model))]["cost"] == [1.0, 1.4, 3.0]
 
 
 @pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes"])
 def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
     calls = counted_measure(monkeypatch)
-    cost.cost_of(tiny_model(0))
+    cost.cost_of(cost.Tokens(tiny_model(0)))
     new_process(monkeypatch)
     model = tiny_model(0)
     if change == "threads":
@@ -111,7 +112,7 @@ def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
         monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
     else:
         model = tiny_model(0, ffn_dim=96)
-    cost.cost_of(model)
+    cost.cost_of(cost.Tokens(model))
     assert len(calls) == 2 and len(plan_cache.read(cost.path())) == 2
 
 
@@ -120,10 +121,11 @@ def test_a_corrupt_cost_file_or_entry_is_measured_again_and_rewritten(monkeypatc
     calls = counted_measure(monkeypatch)
     model = tiny_model(0)
     cost.path().parent.mkdir(parents=True)
-    cost.path().write_text(text.replace("KEY", cost.key(model)))
-    curve = cost.cost_of(model)
+    cost.path().write_text(text.replace("KEY", cost.key(cost.Tokens(model))))
+    curve = cost.cost_of(cost.Tokens(model))
     assert len(calls) == 1
-    assert json.loads(cost.path().read_text())[cost.key(model)] == {"rows": list(curve.rows), "cost": list(curve.cost)}
+    stored = json.loads(cost.path().read_text())[cost.key(cost.Tokens(model))]
+    assert stored == {"rows": list(curve.rows), "cost": list(curve.cost)}
 
 
 def test_an_unwritable_cost_folder_warns_once_and_still_decodes(monkeypatch, tmp_path):
@@ -139,9 +141,9 @@ def test_an_unwritable_cost_folder_warns_once_and_still_decodes(monkeypatch, tmp
         return [r.tokens for r in res.results]
 
     with pytest.warns(UserWarning, match="cost curves") as warned:
-        auto = decode(AutoBudget(16, cost.cost_of(model)))
+        auto = decode(AutoBudget(16, cost.cost_of(cost.Tokens(model))))
         new_process(monkeypatch)
-        cost.cost_of(model)
+        cost.cost_of(cost.Tokens(model))
     assert len([w for w in warned if "not cached" in str(w.message)]) == 1 and len(calls) == 2
     assert auto == decode(FixedBudget(0))  # batched AR
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
-from specgen.decoding.cost import measure_cost
+from specgen.decoding.cost import Tokens, measure_cost
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.image.generate import MAX_DRAFT
 from specgen.image.methods import ImageParts, build_image_method
@@ -48,7 +48,7 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32,
                         budget=MeasuredBudget(32, probe_share=1.0))  # switches often
         assert [r.tokens for r in res.results] == ar
-        shared = MeasuredBudget(32, cost=measure_cost(model, rounds=1), rows_per_sequence=target.branches)
+        shared = MeasuredBudget(32, cost=measure_cost(Tokens(model), rounds=1), rows_per_sequence=target.branches)
         for batch_size in (1, 3):  # batch 3 predicted from batch 1 with the target's cost curve
             res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size,
                             max_draft=32, budget=shared)

@@ -94,6 +94,25 @@ def test_a_greedy_auto_budget_predicts_a_new_batch_size_from_the_backbones_curve
     assert 1 in budget._ratio and budget.predict(8) is not None
 
 
+def test_the_mesh_cost_curve_is_timed_cross_attending_to_a_condition_of_the_encoders_shape(monkeypatch):
+    """The backbone's curve times the decoder as a mesh runs it: every block cross-attends to a condition of the
+    encoder's [num_latents, out_dim] (without one the cross-attention went uncounted); what is timed keys the stored
+    curve, so a decoder-only curve stored earlier is not read for it."""
+    from specgen.decoding import cost
+    from specgen.methods.xspecmesh import auto_budget
+    from specgen.models.transformer import CrossAttention
+
+    attended, forward = [], CrossAttention.forward
+    monkeypatch.setattr(CrossAttention, "forward", lambda self, x, kv: attended.append(kv[0].shape[-2]) or
+                        forward(self, x, kv))
+    model = tiny_mesh_model()
+    auto_budget(model, 3, SAMPLED)
+    assert len(attended) >= model.dec_cfg.n_layers and set(attended) == {model.enc_cfg.num_latents}
+    from specgen.methods.xspecmesh import ConditionedForward  # what it times
+
+    assert cost.key(ConditionedForward(model)) != cost.key(cost.Tokens(model.decoder))
+
+
 def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
     from specgen.errors import UsageError
 
