@@ -25,10 +25,12 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class CostCurve:
-    """c(m) at measured row counts (ascending), relative to one row."""
+    """c(m) at measured row counts (ascending), relative to one row; `unit`: that one row's seconds, which puts two
+    models' curves in one unit (`relative`; 1.0 where unknown: a curve given by hand)."""
 
     rows: tuple[int, ...]
     cost: tuple[float, ...]
+    unit: float = 1.0
 
     def __call__(self, m: int) -> float:
         i = bisect.bisect_left(self.rows, m)
@@ -37,6 +39,23 @@ class CostCurve:
         i = min(i, len(self.rows) - 1)  # past the last row: extrapolate with the last segment's slope
         r0, r1, c0, c1 = self.rows[i - 1], self.rows[i], self.cost[i - 1], self.cost[i]
         return c0 + (c1 - c0) * (m - r0) / (r1 - r0)
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """A curve in another curve's unit: c(m) x `scale`."""
+
+    curve: CostCurve
+    scale: float
+
+    def __call__(self, m: int) -> float:
+        return self.curve(m) * self.scale
+
+
+def relative(curve: CostCurve, to: CostCurve) -> Scaled:
+    """`curve` in units of one row of `to` (a drafter's forwards next to its target's verify): their one-row times'
+    ratio, both timed on this machine."""
+    return Scaled(curve, curve.unit / to.unit)
 
 
 PREFIX = 128
@@ -118,7 +137,7 @@ def measure_cost(timed: Timed, rows: tuple[int, ...] = ROWS, rounds: int = 5, pr
     times = [[one(m) for m in rows] for _ in range(rounds)]
     best = [min(t) for t in zip(*times)]
     best = list(accumulate(best[::-1], min))[::-1]  # fewer tokens never cost more (they could be padded): no spikes
-    return CostCurve(tuple(rows), tuple(b / best[0] for b in best))
+    return CostCurve(tuple(rows), tuple(b / best[0] for b in best), best[0])
 
 
 _CURVES: "weakref.WeakKeyDictionary[nn.Module, dict[tuple[str, int], CostCurve]]" = weakref.WeakKeyDictionary()
@@ -161,17 +180,18 @@ def stored_or_measured(timed: Timed) -> CostCurve:
     one is measured and replaced."""
     k = key(timed)
     stored = plan_cache.read(path()).get(k) if k else None
-    try:
+    try:  # an entry stored before curves kept their `unit` has none: measured again and replaced
         rows, cost = tuple(int(r) for r in stored["rows"]), tuple(float(c) for c in stored["cost"])
-        if rows and rows == tuple(sorted(set(rows))) and len(cost) == len(rows) and plausible(CostCurve(rows, cost)):
-            return CostCurve(rows, cost)
+        curve = CostCurve(rows, cost, float(stored["unit"]))
+        if rows and rows == tuple(sorted(set(rows))) and len(cost) == len(rows) and curve.unit > 0 and plausible(curve):
+            return curve
     except (TypeError, KeyError, ValueError):
         pass
     curve, quiet = plan_cache.timed_quietly(lambda: measure_cost(timed))
     if not plausible(curve):  # once more: the machine was busy
         curve, quiet = plan_cache.timed_quietly(lambda: measure_cost(timed))
     if k is not None and quiet and plausible(curve):  # kept for every later start: never a busy machine's
-        plan_cache.add(path(), k, {"rows": list(curve.rows), "cost": list(curve.cost)})
+        plan_cache.add(path(), k, {"rows": list(curve.rows), "cost": list(curve.cost), "unit": curve.unit})
     return curve
 
 

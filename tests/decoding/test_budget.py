@@ -116,7 +116,8 @@ def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
     assert len(calls) == 2 and len(plan_cache.read(cost.path())) == 2
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"KEY": {"rows": [1, 2], "cost": [1.0]}}'])
+@pytest.mark.parametrize("text", ["{not json", '{"KEY": {"rows": [1, 2], "cost": [1.0], "unit": 0.01}}',
+                                  '{"KEY": {"rows": [1, 2], "cost": [1.0, 1.2]}}'])  # stored before curves had a unit
 def test_a_corrupt_cost_file_or_entry_is_measured_again_and_rewritten(monkeypatch, text):
     calls = counted_measure(monkeypatch)
     model = tiny_model(0)
@@ -125,7 +126,7 @@ def test_a_corrupt_cost_file_or_entry_is_measured_again_and_rewritten(monkeypatc
     curve = cost.cost_of(cost.Tokens(model))
     assert len(calls) == 1
     stored = json.loads(cost.path().read_text())[cost.key(cost.Tokens(model))]
-    assert stored == {"rows": list(curve.rows), "cost": list(curve.cost)}
+    assert stored == {"rows": list(curve.rows), "cost": list(curve.cost), "unit": curve.unit}
 
 
 def test_an_unwritable_cost_folder_warns_once_and_still_decodes(monkeypatch, tmp_path):
@@ -450,3 +451,32 @@ def test_an_untimed_measured_budget_chooses_by_the_cost_curve_whatever_the_clock
 def test_an_untimed_measured_budget_without_a_curve_is_refused_at_construction():
     with pytest.raises(ValueError, match="cost curve"):
         MeasuredBudget(4, timed=False)
+
+
+def test_an_untimed_tree_step_costs_its_drafter_forwards_at_the_drafters_curve():
+    """On a launch-bound GPU the verify curve is flat (c(64) ~ c(1)) and a tree step pays its drafter's levels: an
+    untimed step costs c(b V) plus each drafter forward the pool reported, at the drafter's curve scaled by its
+    one-row time over the target's (`cost.relative`). A tree step of 4 drafter forwards at 0.75 of a target forward
+    each (4 target forwards in all) committing 3 tokens a row loses to AR (1 token for 1); without its drafter it
+    won."""
+    flat = CostCurve((1, 1024), (1.0, 1.0), unit=0.002)
+    drafter = cost.relative(CostCurve((1, 1024), (1.0, 1.0), unit=0.0015), flat)
+
+    def caps(budget: MeasuredBudget) -> list[int]:
+        out = []
+        for _ in range(200):
+            cap = budget.cap(2)
+            for _ in range(2):
+                budget.observe(cap, cap, 2 if cap else 0)
+            budget.observe_drafter([4, 40, 40, 40] if cap else [])  # a catch-up and three levels of 2 rows
+            budget.observe_step(1.0)
+            out.append(cap)
+        return out
+
+    assert drafter(40) == pytest.approx(0.75)
+    assert caps(MeasuredBudget(16, cost=flat, drafter=drafter, timed=False))[-100:].count(0) >= 90
+    assert caps(MeasuredBudget(16, cost=flat, drafter=lambda m: 0.0, timed=False))[-100:].count(16) >= 90
+    with pytest.raises(ValueError, match="drafter"):  # a drafter's forwards with no curve to cost them
+        caps(MeasuredBudget(16, cost=flat, timed=False))
+    timed = MeasuredBudget(16)  # wall times include the drafter already: its forwards are not counted again
+    assert caps(timed)[-100:].count(16) >= 90
