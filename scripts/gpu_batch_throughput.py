@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specgen.decoding.cost import PREFIX, measure_cost
+from specgen.decoding.cost import PREFIX, Tokens, measure_cost
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.devices import now
@@ -90,7 +90,7 @@ def main() -> None:
         return peer
 
     batches = [int(b) for b in args.batches.split(",")]
-    curve = measure_cost(model, rows=tuple(sorted({1, *batches})))
+    curve = measure_cost(Tokens(model), rows=tuple(sorted({1, *batches})))
     print(f"device {torch.cuda.get_device_name() if 'cuda' in args.device else args.device}, dtype {args.dtype}, "
           f"torch {torch.__version__}, {'weights ' + args.gguf if args.gguf else 'random weights'} (SmolLM2-135M shape)")
     print(f"one forward of 1 new token after {PREFIX} cached: {1e3 * forward_seconds(model, args.device):.2f} ms")

@@ -6,7 +6,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import accumulate
 from statistics import median
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from specgen.decoding.step_times import StepTimes
 
@@ -20,6 +20,10 @@ class DraftBudget(Protocol):
 
     def observe(self, nodes: int, depth: int, accepted: int) -> None:
         """One row's step: a draft of `nodes` nodes on `depth` levels proposed, `accepted` of its tokens accepted."""
+
+    def observe_drafter(self, forwards: Sequence[int]) -> None:
+        """The drafter forwards of the step the last `cap` sized (none: no drafter model ran), each its rows x tokens:
+        an untimed budget costs them (`MeasuredBudget.drafter`), wall times include them already."""
 
     def observe_step(self, seconds: float) -> None:
         """The wall time of the whole step (propose, verify, accept, commit) that the last `cap` sized."""
@@ -35,6 +39,9 @@ class FixedBudget:
         return self.limit
 
     def observe(self, nodes: int, depth: int, accepted: int) -> None:
+        pass
+
+    def observe_drafter(self, forwards: Sequence[int]) -> None:
         pass
 
     def observe_step(self, seconds: float) -> None:
@@ -143,6 +150,9 @@ class AutoBudget:
         while sum(n for n, _ in self._history) > self.window and len(self._history) > 1:
             self._history.pop(0)
 
+    def observe_drafter(self, forwards: Sequence[int]) -> None:
+        pass  # text drafts without a drafter model (n-gram, Jacobi guesses): its cost model is the verify's
+
     def observe_step(self, seconds: float) -> None:
         if self._step is not None:
             rows, width = self._step
@@ -162,9 +172,12 @@ class MeasuredBudget:
     far: float = 0.75  # a choice below this share of the other's rate is "far behind" (its tries back off)
     cost: Callable[[int], float] | None = None  # c(m) of the target's forward over m rows x tokens (5. predicting)
     rows_per_sequence: int = 1  # forward rows of one sequence (2 under CFG)
-    # False (needs `cost`): a step costs c(tokens it verified), never its wall time, so a sampled run's choices (and
-    # with them its draws) depend only on its seed and the stored curve: `--seed` repeats it
+    # False (needs `cost`): a step costs c(tokens it verified) and its drafter forwards, never its wall time, so a
+    # sampled run's choices (and with them its draws) depend only on its seed and the stored curves: `--seed` repeats it
     timed: bool = True
+    # a drafter forward over m rows x tokens, in `cost`'s unit (`cost.relative`): what an untimed step pays for the
+    # drafter forwards its pool reported (None: a method without a drafter model, whose steps report none)
+    drafter: Callable[[int], float] | None = None
     _steps: dict[tuple[int, int], deque] = field(default_factory=dict)  # (B, cap) -> its last measured (tokens, s)
     _count: dict[tuple[int, int], int] = field(default_factory=dict)  # (B, cap) -> steps measured
     _since: dict[int, float] = field(default_factory=dict)  # B -> seconds run at B since the other was tried
@@ -177,7 +190,8 @@ class MeasuredBudget:
     _try_cost: dict[int, float] = field(default_factory=dict)  # B -> wall seconds of the last whole try
     _verify: dict[tuple[int, int], list] = field(default_factory=dict)  # (B, cap) -> [tokens verified, rows]
     _last: int | None = None  # the cap of the previous step (any B): a step after a switch is not measured
-    _open: list = field(default_factory=list)  # [live rows, cap, tokens, measured, verified, rows] of the step
+    # [live rows, cap, tokens, measured, verified, rows, drafter forwards] of the step
+    _open: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.timed and self.cost is None:
@@ -252,7 +266,7 @@ class MeasuredBudget:
                 choice, self._probe[b], self._since[b], self._acc[b] = other, self.tries, 0.0, [[], 0.0]
             else:
                 choice = best
-        self._open = [b, choice, 0, choice == self._last, 0, 0]
+        self._open = [b, choice, 0, choice == self._last, 0, 0, []]
         self._last = choice
         return choice
 
@@ -262,12 +276,16 @@ class MeasuredBudget:
             self._open[4] += nodes + 1  # the row's tokens in the verify (root + draft)
             self._open[5] += 1
 
+    def observe_drafter(self, forwards: Sequence[int]) -> None:
+        if self._open:
+            self._open[6].extend(forwards)
+
     def observe_step(self, seconds: float) -> None:
         if not self._open or (self.timed and seconds <= 0):
             return
-        b, choice, tokens, measured, verified, rows = self._open
+        b, choice, tokens, measured, verified, rows, forwards = self._open
         if not self.timed:
-            seconds = self.cost(self.rows_per_sequence * verified)
+            seconds = self.untimed(verified, forwards)
         self._open = []
         seen = self._verify.setdefault((b, choice), [0, 0])
         seen[0], seen[1] = seen[0] + verified, seen[1] + rows
@@ -291,6 +309,13 @@ class MeasuredBudget:
         if measured:
             self._steps.setdefault((b, choice), deque(maxlen=self.window)).append((tokens, seconds))
             self._count[(b, choice)] = self._count.get((b, choice), 0) + 1
+
+    def untimed(self, verified: int, forwards: Sequence[int]) -> float:
+        """An untimed step's cost: the verify of `verified` tokens a sequence-row at c, and each drafter forward of
+        `forwards` (rows x tokens) at the drafter's curve in c's unit (6.)."""
+        if forwards and self.drafter is None:
+            raise ValueError("an untimed MeasuredBudget costs a drafter's forwards by its curve: pass drafter=")
+        return self.cost(self.rows_per_sequence * verified) + sum(self.drafter(m) for m in forwards)
 
 
 def steady_rate(steps) -> float:

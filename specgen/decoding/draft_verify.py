@@ -85,6 +85,7 @@ class DraftVerify(PolicyBase):
                 depth = d.tree.max_depth()
                 s.record(d.size, depth, v.num_accepted)
                 self.budget.observe(d.size, depth, v.num_accepted)
+            self.budget.observe_drafter(self.pool.drafted())
         return [(v.kept(), list(v.tokens)) for v in verdicts]
 
     def picks(self, out: TargetOut, sizes: Sequence[int]) -> list[list[int]]:

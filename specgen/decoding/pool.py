@@ -63,6 +63,10 @@ class DrafterPool(Slots, Protocol):
                   sizes: Sequence[int], branches: int) -> None:
         """Learn every live slot's outcome from the batched verify forward `out` (slot i: its first sizes[i] inputs)."""
 
+    def drafted(self) -> Sequence[int]:
+        """The drafter-model forwards of the step since the last `propose`, each its rows x tokens (none: no drafter
+        model ran; an untimed budget costs them: `DraftBudget.observe_drafter`)."""
+
 
 @dataclass
 class RowStep:
@@ -123,6 +127,9 @@ class PoolBase:
 
     def end_step(self, seconds: float) -> None:
         pass
+
+    def drafted(self) -> Sequence[int]:
+        return ()  # per-row drafters draft without a model forward (n-gram, Jacobi guesses, AR's empty draft)
 
 
 class PolicyBase(PoolBase):

@@ -10,7 +10,7 @@ from typing import Callable
 import torch
 
 from specgen import checkpoints
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import Tokens, cost_of
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
@@ -208,7 +208,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     # a method that cannot run here (mulo-sd on t2i, no EAGLE drafter): one line, up front
     drafters = [build_image_method(method_of(m), parts, options_of(cfg, m))[0] for m in cfg.methods]
     clf, quality = classifier_state(im, cfg, conditions)
-    cost = cost_of(im.model)  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
+    cost = cost_of(Tokens(im.model))  # c(m) of the efficiency of drafting rows; each image runs its CFG branches
     models = entry_models(im, cfg)  # entry -> the model it decodes (its `dtypes` precision, else `im`)
     use = GraphUse(stepped(cfg, models, drafters), sink, shard)
     use.write({"machine": machine(),

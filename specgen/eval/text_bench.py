@@ -17,7 +17,7 @@ from specgen import checkpoints, registry
 from specgen.builtins import BUILTINS
 from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_records
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import Tokens, cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
@@ -380,7 +380,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     earlier = (sink.machines().get(shard.label) or {}).get("skipped") or {}
     skipped = {**{m: why if why.endswith(RESUMED) else why + RESUMED for m, why in earlier.items()}, **skipped}
     work = grid(p, skipped)
-    cost = cost_of(model.module)  # c(B) of batched rows, c(N) of the efficiency of speculative rows
+    cost = cost_of(Tokens(model.module))  # c(B) of batched rows, c(N) of the efficiency of speculative rows
     streamed = {m: streamed_bytes(peers[m].module if m in peers else models[p.meta[m]["model"]].module)
                 for m in work.rows if m not in peers or peers[m].module is not None}  # weights one forward reads
     use = GraphUse({name: tm.module for name, tm in models.items()}, sink, shard)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from specgen import checkpoints, registry
 from specgen.decoding.budget import MeasuredBudget
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import Tokens, cost_of, relative
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
 from specgen.eval.plots import image_grid
@@ -19,6 +19,7 @@ from specgen.image.captions import Caption, read_captions
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
+from specgen.methods.eagle import DrafterForward
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.paths import write_linked
@@ -211,10 +212,8 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
     budget = None
     if req.budget == "auto":  # one per method and options on this model, shared by its calls
         key = (req.method, repr(sorted(req.builder_options().items())), cfg.cfg_scale, cfg.temperature)
-        if key not in im.budgets:  # the cost curve predicts a new batch size from a measured one (MeasuredBudget 5.)
-            # and, sampled, costs every step: the seed repeats the run (MeasuredBudget 6.)
-            im.budgets[key] = MeasuredBudget(MAX_DRAFT, cost=cost_of(im.model), rows_per_sequence=parts.target.branches,
-                                             timed=req.params.greedy)
+        if key not in im.budgets:
+            im.budgets[key] = auto_budget(im, parts.target.branches, req.params.greedy)
         budget = im.budgets[key]
     rule = build_image_method(req.method, parts, req.options)[1]
     tokens: list[list[int]] = [[] for _ in conditions]  # as accepted: a finished image's tokens before the batch ends
@@ -231,6 +230,16 @@ def generate_images(im: ImageModel, req: DecodeRequest[ImageGenConfig],
                       on_tokens=(lambda j, new: tokens[j].extend(new)) if streamed else None)
     samples = [ImageSample(label_of(c), r.tokens, r.stats) for c, r in zip(conditions, batch.results)]
     return samples, torch.stack(pixels) if streamed else decode_pixels(im, [s.tokens for s in samples])
+
+
+def auto_budget(im: ImageModel, branches: int, greedy: bool) -> MeasuredBudget:
+    """`budget=auto` on `im`: the target's cost curve predicts a new batch size from a measured one (MeasuredBudget
+    5.); sampled, it costs every step with the drafter's curve (its levels, in the target's unit), so the seed repeats
+    the run (MeasuredBudget 6.)."""
+    target = cost_of(Tokens(im.model))
+    drafter = None if greedy or im.drafter_net is None else \
+        relative(cost_of(DrafterForward(im.drafter_net, im.model.output)), target)
+    return MeasuredBudget(MAX_DRAFT, cost=target, rows_per_sequence=branches, timed=greedy, drafter=drafter)
 
 
 @torch.inference_mode()

@@ -83,6 +83,41 @@ class EagleTreeDrafter(DrafterBase):
         return TreeVerify(EagleBatch(make, self.policy.largest.total_tokens), rule, budget)
 
 
+@dataclass(frozen=True)
+class DrafterForward:
+    """`cost.Timed` of a feature drafter's forward as a tree level runs it: the net over tokens and features (zeros: the
+    values do not change the time) after a committed prefix, then the target's LM head `head` on its output (every
+    level scores its nodes' children with it; the catch-up needs only its last row's: a slight overcount there)."""
+
+    module: torch.nn.Module  # the drafter net (EagleNet)
+    head: torch.nn.Module
+
+    @property
+    def limit(self) -> int:
+        return self.module.cfg.max_seq_len
+
+    @property
+    def vocab(self) -> int:
+        return self.module.cfg.vocab_size
+
+    def describe(self) -> str:
+        dtypes = sorted({str(t.dtype) for t in self.head.state_dict().values()})
+        return f"{self.module.cfg!r} then {self.head!r} in {dtypes}"
+
+    def features(self, ids: torch.Tensor) -> torch.Tensor:
+        """Zero features [1, S, D] for ids [1, S]."""
+        return torch.zeros(*ids.shape, self.module.cfg.dim, device=ids.device)
+
+    def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int):
+        cache = self.module.new_cache(1, ids.shape[1])
+        self.module(self.features(ids[:, :prefix]), ids[:, :prefix], positions[:, :prefix], cache)
+        cache.commit(0, list(range(prefix)))
+        return cache
+
+    def forward(self, state, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.head(self.module(self.features(ids), ids, positions, state))  # as `Children` scores a level
+
+
 class TreeVerify(DraftVerify):
     """Draft-verify over `EagleBatch` with the trees left on the device until the verdict: the growth builds the
     verify's inputs too, so nothing waits between the growth and the verify (on a GPU they run back to back), and the
@@ -123,6 +158,7 @@ class EagleBatch(PoolBase):
         self.make, self.max_feed = make, max_feed  # max_feed: the most nodes of a tree (`DrafterPool.max_feed`)
         # a step whose every row may draft nothing skips the drafter (VVS, which sets the features itself: False)
         self.skip_ar_steps = skip_ar_steps
+        self.forwards: list[int] = []  # the drafter forwards of the last growth, rows x tokens (`drafted`)
 
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         d = self.make(index)
@@ -149,6 +185,7 @@ class EagleBatch(PoolBase):
                    feed: bool = True) -> GrownTrees | None:
         """Every live row's tree and (`feed`) its verify inputs, on the device (None: no row drafts a tree)."""
         n, br = len(seqs), self.br
+        self.forwards = []
         if self.skip_ar_steps and all(b <= 0 for b in budgets):  # a batched AR step: no drafter work at all;
             for d in self.rows[:n]:  # the pairs committed meanwhile are caught up by the next step that drafts
                 d.owed, d.last_shape = True, None
@@ -169,6 +206,9 @@ class EagleBatch(PoolBase):
         prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
         k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
         depth = [s.depth for s in shapes]
+        # a level's forward runs every row's frontier at the widest (a captured growth pads further: its rows are the
+        # launch's, not the work a step needs)
+        self.forwards += [n * br * w for w in GrowPlan.exact(k, shapes, feed).widths[1:]]
         counts = kept_counts(k, depth, [s.total_tokens for s in shapes])
         ints = [[len(s) - 1 for s in seqs], k, depth, counts, prefix, [s[-1] for s in seqs]]
         grown = (self.grow_captured(view, root_hidden, ints, shapes, feed)
@@ -240,6 +280,7 @@ class EagleBatch(PoolBase):
                 d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
         br, ms = self.br, [d.pending.shape[1] for d in rows]
         n, width = len(rows), max(ms)
+        self.forwards.append(n * br * width)  # every row padded to the most pairs
         device = rows[0].pending.device
         # [n * br, M, D]: each row's pairs, zeros after them (no op for a row as wide as the widest, nor to join one)
         padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
@@ -261,6 +302,9 @@ class EagleBatch(PoolBase):
                 roots = hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
         view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
         return roots
+
+    def drafted(self) -> list[int]:
+        return self.forwards
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:

@@ -11,7 +11,7 @@ import torch
 from specgen import checkpoints, registry
 from specgen.decoding.ar_steps import ArSteps
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import cost_of, relative
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import DraftVerify
 from specgen.decoding.loop import DecodeResult, decode_batch
@@ -22,9 +22,11 @@ from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import lookup
-from specgen.methods.xspecmesh_pool import Proposal, XSpecMeshPool, mesh_rule
+from specgen.methods.xspecmesh_pool import DRAFT_DTYPES, Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
+from specgen.models.heads import head_logits
 from specgen.models.lora import merge_lora_state
+from specgen.models.mesh import MeshGPT
 
 
 class MeshDecoder:
@@ -52,7 +54,7 @@ class MeshDecoder:
         step, nodes = ArSteps(run_ahead), 0  # AR: AR's own step policy, as text's and images'
         if d_max:
             pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators)
-            budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self.model, d_max, params)) \
+            budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \
                 if opts.budget == "auto" else FixedBudget(d_max)
             along = pool if pool.ahead else None  # the heads' candidates read with the accept's picks
             step, nodes = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along), pool.nodes
@@ -110,10 +112,87 @@ class MeshDecoder:
         return self._draft_out
 
 
-def auto_budget(model: torch.nn.Module, d_max: int, params: SamplingParams) -> MeasuredBudget:
-    """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses); sampled, by the
-    backbone's cost curve and the acceptance observed, so the seed repeats the run (MeasuredBudget 6.)."""
-    return MeasuredBudget(d_max) if params.greedy else MeasuredBudget(d_max, cost=cost_of(model.decoder), timed=False)
+@dataclass(frozen=True)
+class ConditionedForward:
+    """`cost.Timed` of the backbone as a mesh decodes it: the decoder's forward over mesh tokens, every block
+    cross-attending to a condition of the point encoder's output shape [1, num_latents, out_dim] (zeros: its values
+    do not change the time; a cloud's are computed once per mesh, by the prefill, which no step repeats)."""
+
+    module: MeshGPT
+
+    @property
+    def limit(self) -> int:
+        return self.module.dec_cfg.max_seq_len
+
+    @property
+    def vocab(self) -> int:
+        return self.module.vocab_size
+
+    def describe(self) -> str:
+        enc = self.module.enc_cfg
+        return f"{self.module.dec_cfg!r} cross-attending to [{enc.num_latents}, {enc.out_dim}]"
+
+    def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int):
+        enc, start = self.module.enc_cfg, self.module.start
+        cache = self.module.new_cache(1, ids.shape[1])
+        cache.cross = self.module.decoder.context_kv(start.new_zeros(1, enc.num_latents, enc.out_dim))
+        self.module.decoder(ids[:, :prefix], positions[:, :prefix], cache)
+        cache.commit(0, list(range(prefix)))
+        return cache
+
+    def forward(self, state, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        self.module.decoder(ids, positions, state)
+
+
+@dataclass(frozen=True)
+class HeadsForward:
+    """`cost.Timed` of one call of the heads as `XSpecMeshPool.run_heads` makes it: the first `d` heads on m hidden
+    states of one mesh (zeros: the values do not change the time), cross-attending to a condition of the point
+    encoder's output shape, then the LM head they draft with in `dtype`. The heads keep no cache: the prefix is free."""
+
+    decoder: MeshDecoder
+    d: int
+    dtype: torch.dtype
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.decoder.heads
+
+    @property
+    def limit(self) -> int:
+        return self.decoder.model.dec_cfg.max_seq_len
+
+    @property
+    def vocab(self) -> int:
+        return self.decoder.model.vocab_size
+
+    def describe(self) -> str:
+        enc = self.decoder.model.enc_cfg
+        return (f"{self.module.cfg!r}: the first {self.d}, {self.decoder.model.decoder.output!r} in {self.dtype}, "
+                f"cross-attending to [{enc.num_latents}, {enc.out_dim}]")
+
+    def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int) -> tuple:
+        heads, enc, cfg = self.module, self.decoder.model.enc_cfg, self.module.cfg
+        stacked = heads.stacked()
+        kv = stacked.context_kv(heads.context_kv(self.decoder.model.start.new_zeros(1, enc.num_latents, enc.out_dim)))
+        past = stacked.res_b.new_zeros(cfg.num_heads, cfg.history, 2 * cfg.inner_dim) if stacked.history else None
+        return stacked, kv or (None, None), stacked.res_b.new_zeros(ids.shape[1], cfg.dim), past
+
+    def forward(self, state, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        stacked, (k, v), h, past = state
+        m, model = ids.shape[1], self.decoder.model
+        head_logits(stacked, self.decoder._lm_head(self.dtype), model.decoder.tok_embeddings, self.dtype, self.d,
+                    h[:m], ids[0] if stacked.token_input else None, k, v, past)
+
+
+def auto_budget(decoder: MeshDecoder, d_max: int, params: SamplingParams, opts: XSpecMeshOptions) -> MeasuredBudget:
+    """`budget=auto`: greedy, by measured wall times (the tokens are AR's whatever it chooses), a batch size not yet
+    seen predicted by the backbone's cost curve (MeasuredBudget 5.); sampled, by that curve, the heads' calls at
+    theirs (in the backbone's unit) and the acceptance observed, so the seed repeats the run (MeasuredBudget 6.)."""
+    target = cost_of(ConditionedForward(decoder.model))
+    drafter = None if params.greedy else \
+        relative(cost_of(HeadsForward(decoder, d_max, DRAFT_DTYPES[opts.draft_dtype])), target)
+    return MeasuredBudget(d_max, cost=target, timed=params.greedy, drafter=drafter)
 
 
 # -- loading ----------------------------------------------------------------------------------------

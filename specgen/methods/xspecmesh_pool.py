@@ -200,6 +200,7 @@ class XSpecMeshPool(PoolBase):
         self.width = max(self.widths, default=1)  # the candidates a head gives
         self.nodes = tree_nodes(self.widths) if self.widths else d_max  # the most nodes a draft holds
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
+        self.calls: list[int] = []  # the positions of each heads call since the last `propose` (`drafted`)
         self.stage: Stage | None = None  # at the first admission (the conditions' shape): a held one of that shape
         self.stage_key: tuple = ()  # its shapes: part of the heads' capture keys (a capture reads one stage)
         if opts.vertex_lookup and decoder.model.vocab_size != BPTTokenizer.vocab_size:  # the memory reads BPT's 8 x 16
@@ -219,6 +220,7 @@ class XSpecMeshPool(PoolBase):
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
+        self.calls = []
         drafts = []
         for r, seq, budget in zip(self.rows, seqs, budgets):
             if budget <= 0:  # the loop's budget runs this step as AR: the heads are not run at all
@@ -267,6 +269,7 @@ class XSpecMeshPool(PoolBase):
             return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs,
                                    self.width),)
 
+        self.calls.append(s)
         graphs = self.decoder.heads.graphs
         key = ("heads", self.stage_key, d, s, columns, self.width, dtype,
                *((name, tuple(t.shape)) for name, t in inputs.items()))
@@ -287,6 +290,9 @@ class XSpecMeshPool(PoolBase):
                 stage.token[:s].copy_(picks[i])
             cols.append(self.run_heads(self.nodes + 1, True, {}))  # read (stacked) before the next row's call
         return torch.stack(cols)[:, :s]
+
+    def drafted(self) -> list[int]:
+        return self.calls  # each call: the d heads on its positions (`xspecmesh.HeadsForward` times one)
 
     def take(self, host: list[list[list[float]]]) -> None:
         """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says where the accepted path ends."""

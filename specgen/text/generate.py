@@ -8,7 +8,7 @@ import torch
 
 from specgen.data.prompts import Prompt, encode
 from specgen.decoding.budget import AutoBudget
-from specgen.decoding.cost import cost_of
+from specgen.decoding.cost import Tokens, cost_of
 from specgen.devices import DTYPES
 from specgen.errors import UsageError
 from specgen.limits import check_kv_cache, check_prompt_fits
@@ -91,7 +91,7 @@ def draft_budget(model: TextModel, kind: str, greedy: bool = True, limit: int = 
     """None (`fixed`: each method's own draft size) or, for `auto`, an `AutoBudget` over this model's cost curve
     (it caps the method's draft size per step, never raises it); a sampled run's plans from the curve alone (`timed`
     False), so its seed repeats it."""
-    return None if kind == "fixed" else AutoBudget(limit, cost_of(model.module), timed=greedy)
+    return None if kind == "fixed" else AutoBudget(limit, cost_of(Tokens(model.module)), timed=greedy)
 
 
 class TextStream:

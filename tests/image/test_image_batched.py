@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
-from specgen.decoding.cost import measure_cost
+from specgen.decoding.cost import Tokens, measure_cost
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.image.generate import MAX_DRAFT
 from specgen.image.methods import ImageParts, build_image_method
@@ -48,7 +48,7 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
         res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=3, max_draft=32,
                         budget=MeasuredBudget(32, probe_share=1.0))  # switches often
         assert [r.tokens for r in res.results] == ar
-        shared = MeasuredBudget(32, cost=measure_cost(model, rounds=1), rows_per_sequence=target.branches)
+        shared = MeasuredBudget(32, cost=measure_cost(Tokens(model), rounds=1), rows_per_sequence=target.branches)
         for batch_size in (1, 3):  # batch 3 predicted from batch 1 with the target's cost curve
             res = run_batch(target, make, [[c] for c in labels], n, SamplingParams(), batch_size=batch_size,
                             max_draft=32, budget=shared)
@@ -235,8 +235,10 @@ def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times
     from specgen.request import parse_request
     from tests.budget_fixtures import step_times
 
+    from specgen.models.eagle import EagleNet
+
     model = tiny_image_gpt(5, grid=6)
-    drafter = TinyEagle(model).eval()
+    drafter = EagleNet.from_target(model).eval()  # with a config: its forwards' curve is timed (MeasuredBudget 6.)
     cfg = ImageGenConfig(method="adt-tree", num=4, batch_size=2, temperature=1.0, seed=3,
                          method_options={**OPTIONS["adt-tree"], "budget": "auto"})
 
@@ -246,3 +248,27 @@ def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times
         return [s.tokens for s in generate_images(im, parse_request(cfg, "image"))[0]]
 
     assert tokens(0.1) == tokens(10.0)
+
+
+@pytest.mark.parametrize("method", ["eagle2", "adt-tree", "lantern", "adt-tree+lantern"])
+def test_a_sampled_auto_budget_costs_each_tree_step_with_its_drafters_forwards(monkeypatch, method):
+    """Sampled `budget=auto` (MeasuredBudget 6.): every image tree method reports its drafter's forwards (the
+    catch-up, then one a level: at batch 1 as many as `DecodeStats.drafter_forwards` counts), and a step's cost is its
+    verify's plus theirs at the drafter's curve, in the target's unit; an AR step runs and costs no drafter."""
+    from specgen.image.generate import ImageGenConfig, ImageModel, generate_images
+    from specgen.models.eagle import EagleNet
+    from specgen.request import parse_request
+
+    steps = []  # (drafter forwards, the step's cost, its verify's cost)
+    untimed = MeasuredBudget.untimed
+    monkeypatch.setattr(MeasuredBudget, "untimed", lambda self, verified, forwards: steps.append(
+        (list(forwards), untimed(self, verified, forwards), self.cost(self.rows_per_sequence * verified)))
+        or steps[-1][1])
+    model = tiny_image_gpt(5, grid=6)
+    im = ImageModel(None, model, FlatVQ(32), ["a", "b", "c"], 6, EagleNet.from_target(model).eval())
+    options = {**OPTIONS.get(method.split("+")[0], OPTIONS["eagle2"]), "budget": "auto"}
+    cfg = ImageGenConfig(method=method, num=2, temperature=1.0, seed=3, method_options=options)
+    samples = generate_images(im, parse_request(cfg, "image"))[0]
+    assert sum(len(f) for f, _, _ in steps) == sum(s.stats.drafter_forwards for s in samples) > 0
+    assert all((cost > verify) == bool(forwards) for forwards, cost, verify in steps)
+    assert any(not forwards for forwards, _, _ in steps)  # AR steps too (batch 1 measures both)

@@ -80,6 +80,54 @@ def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times
     assert tokens(0.1) == tokens(10.0)
 
 
+def test_a_greedy_auto_budget_predicts_a_new_batch_size_from_the_backbones_curve(monkeypatch):
+    """Greedy meshes under `budget=auto` measure wall times and carry the backbone's cost curve too, so a batch size
+    never seen is predicted from a measured one (MeasuredBudget 5.) instead of being measured from scratch."""
+    from specgen.methods.xspecmesh import auto_budget
+
+    budget = auto_budget(MeshDecoder(tiny_mesh_model(), tiny_heads()), 3, SamplingParams(), LOSSLESS)
+    assert budget.timed and budget.cost is not None
+    for _ in range(2 * budget.tries + 3):  # batch 1 measured both ways (a switch step unmeasured): the draft far behind
+        cap = budget.cap(1)
+        budget.observe(cap, cap, 0)
+        budget.observe_step(1.0 if cap else 0.1)
+    assert 1 in budget._ratio and budget.predict(8) is not None
+
+
+def test_the_mesh_cost_curve_is_timed_cross_attending_to_a_condition_of_the_encoders_shape(monkeypatch):
+    """The backbone's curve times the decoder as a mesh runs it: every block cross-attends to a condition of the
+    encoder's [num_latents, out_dim] (without one the cross-attention went uncounted); what is timed keys the stored
+    curve, so a decoder-only curve stored earlier is not read for it."""
+    from specgen.decoding import cost
+    from specgen.methods.xspecmesh import auto_budget
+    from specgen.models.transformer import CrossAttention
+
+    attended, forward = [], CrossAttention.forward
+    monkeypatch.setattr(CrossAttention, "forward", lambda self, x, kv: attended.append(kv[0].shape[-2]) or
+                        forward(self, x, kv))
+    model = tiny_mesh_model()
+    auto_budget(MeshDecoder(model, tiny_heads()), 3, SAMPLED, LOSSLESS)
+    assert len(attended) >= model.dec_cfg.n_layers and set(attended) == {model.enc_cfg.num_latents}
+    from specgen.methods.xspecmesh import ConditionedForward  # what it times
+
+    assert cost.key(ConditionedForward(model)) != cost.key(cost.Tokens(model.decoder))
+
+
+def test_a_sampled_auto_budget_costs_each_draft_step_with_its_heads_calls(clouds, monkeypatch):
+    """The heads are XSpecMesh's drafter: under sampled `budget=auto` each step that ran them reports one call per
+    drafting mesh, and its cost is the backbone's verify plus those calls at the heads' curve (in the backbone's
+    unit); an AR step runs and costs no heads."""
+    from specgen.decoding.budget import MeasuredBudget
+
+    steps = []  # (heads calls, the step's cost, its verify's cost)
+    untimed = MeasuredBudget.untimed
+    monkeypatch.setattr(MeasuredBudget, "untimed", lambda self, verified, forwards: steps.append(
+        (list(forwards), untimed(self, verified, forwards), self.cost(verified))) or steps[-1][1])
+    decode_all(MeshDecoder(tiny_mesh_model(), tiny_heads()), clouds[:3], SAMPLED, replace(LOSSLESS, budget="auto"), 3)
+    assert any(calls for calls, _, _ in steps) and any(not calls for calls, _, _ in steps)
+    assert all((cost > verify) == bool(calls) and set(calls) <= {1} for calls, cost, verify in steps)
+
+
 def test_auto_budget_is_a_checked_option_and_named_in_the_row_label():
     from specgen.errors import UsageError
 
