@@ -526,6 +526,9 @@ def test_gemma3_logits_equal_transformers(case, tmp_path):
     assert ours.cfg.max_seq_len == 128 and ours.cfg.local_layers == (0, 1, 2, 3, 4, 6)
     x = tokens(100)
     assert_same(ours, theirs, x)
+    exported = to_hf(ours)  # the `hf` benchmark row's export: transformers' Gemma 3 with the same math
+    assert type(exported).__name__ == "Gemma3ForCausalLM"
+    assert_same(ours, exported, x)
     controls = gemma3_controls(ours, theirs.config.query_pre_attn_scalar)
     assert len(controls) == (3 if case == "gemma3-untied-head-size-scalar" else 4)
     for name, wrong in controls.items():
@@ -586,3 +589,16 @@ def test_gemma3_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp_
     their_error = (logits(theirs.to(torch.bfloat16), x).float() - exact).abs().max()
     our_error = (logits(ours.to(torch.bfloat16), x).float() - exact).abs().max()
     assert our_error <= 2 * their_error
+
+
+@pytest.mark.parametrize("over", [dict(ffn_act="silu"), dict(embed_scale=2.0), dict(qk_norm=False),
+                                  dict(nope_layers=(1,)), dict(rope_layout="interleaved")])
+def test_a_gemma_block_that_gemma3_cannot_express_is_not_exported(over):
+    """to_hf builds Gemma3ForCausalLM for sandwich norms only with the rest of Gemma 3's block; Gemma's fields without
+    sandwich norms have no transformers class at all."""
+    from tests.conftest import GEMMA, tiny_model
+
+    with pytest.raises(ValueError, match="Gemma 3|SmolLM3"):  # (NoPE layers: SmolLM3's, which has no q/k norms)
+        to_hf(tiny_model(0, **{**GEMMA, "local_layers": (0,) if "nope_layers" in over else (1,), **over}))
+    with pytest.raises(ValueError, match="sandwich norms"):
+        to_hf(tiny_model(0, **{**GEMMA, "sandwich_norms": False}))
