@@ -90,7 +90,7 @@ def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     local = [(i + 1) % GEMMA3_STEP != 0 for i in range(n_layers)]
     base = gguf_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_THETA)
     pattern = gguf_field(reader, "gemma3.attention.sliding_window_pattern", local)
-    if base != GEMMA3_LOCAL_THETA or list(pattern) != local:
+    if base != GEMMA3_LOCAL_THETA or pattern != local:  # (an array of one bool a layer, as gguf writes it)
         key = "rope.freq_base_swa" if base != GEMMA3_LOCAL_THETA else "attention.sliding_window_pattern"
         raise UsageError(f"GGUF file {source} sets gemma3.{key}, which llama.cpp's gemma3 loader fixes "
                          f"({GEMMA3_LOCAL_THETA:g} and every {GEMMA3_STEP}th layer global): import the HF folder")

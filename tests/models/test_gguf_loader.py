@@ -302,6 +302,8 @@ def test_a_gemma3_gguf_decodes_as_transformers_gemma3(tmp_path):
     (dict(attn_logit_softcapping=50.0), "gemma3.attn_logit_softcapping: softcapping is not implemented"),
     (dict(rope_freq_base_swa=1e6), "gemma3.rope.freq_base_swa, which llama.cpp's gemma3 loader fixes"),
     (dict(sliding_window_pattern=[True, False] * 3 + [True]), "gemma3.attention.sliding_window_pattern, which"),
+    (dict(pattern=lambda w: w.add_uint32("gemma3.attention.sliding_window_pattern", 6)),  # a count, not one a layer
+     "gemma3.attention.sliding_window_pattern, which"),
 ])
 def test_a_gemma3_gguf_key_llama_cpp_ignores_or_specgen_lacks_is_refused(keys, needle, tmp_path):
     """Softcapping (Gemma 2's, not implemented), or a local base or layer pattern other than the ones llama.cpp's
