@@ -114,6 +114,13 @@ def tiny_config(**over) -> TransformerConfig:
     return TransformerConfig(**base)
 
 
+# a Gemma 3 block over tiny_config's shape: scaled embedding, GeGLU, sandwich and q/k norms, layer 0 local (its own
+# RoPE base). Untied: tied, this tiny model's scaled embedding outweighs its two unit-RMS sublayer outputs and each
+# step predicts its input token again (one token decoded over and over, which no draft could get wrong)
+GEMMA = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, qk_norm=True, local_layers=(0,),
+             local_rope_theta=100.0, tie_embeddings=False)
+
+
 def tiny_model(seed: int = 0, **over) -> Transformer:
     """A random tiny model whose logits are peaked enough to make drafts matter."""
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import LOSSLESS_IMAGE, LOSSLESS_TEXT, method_drafter, tiny_model
+from tests.conftest import GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, method_drafter, tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -189,6 +189,24 @@ def test_captured_steps_of_a_nope_target_decode_what_eager_ar_decodes(method):
     from specgen.models import graphs
 
     model = tiny_model(0, nope_layers=(1,))
+    gpu = target_on(model, "cuda")
+    eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
+    steps = graphs.attach(model, "on")
+    try:
+        res = run_batch(gpu, lambda i: method_drafter(method, 0, True), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
+    finally:
+        graphs.attach(model, "off")
+    assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
+
+
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_captured_steps_of_a_gemma_target_decode_what_eager_ar_decodes(method):
+    """Gemma 3's block (scaled embedding, GeGLU without the fused SwiGLU gate, sandwich and q/k norms without the
+    fused residual norms, a local layer's own RoPE table) in captured steps: captured equals eager AR."""
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+
+    model = tiny_model(0, **GEMMA)
     gpu = target_on(model, "cuda")
     eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
     steps = graphs.attach(model, "on")

@@ -63,7 +63,7 @@ class ModelTarget:
                 return TargetOut(*staged)
             b, p = tokens.shape
             positions = torch.arange(p, device=tokens.device).expand(b, p)
-            hidden = self.model.hidden_states(self.model.tok_embeddings(tokens), positions, cache)
+            hidden = self.model.hidden_states(self.model.embed(tokens), positions, cache)
             logits = self.model.output(hidden[:, -1:])  # [B, 1, V]: prompt mode's products, as a captured chunk's
         cache.commit_seqs(dict.fromkeys(range(b), list(range(p))), 1)
         return TargetOut(logits, hidden)

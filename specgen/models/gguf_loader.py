@@ -9,14 +9,18 @@ from typing import Callable
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, positive_number, remap, rope_scaling,
-                                  unfused)
+from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, folded, positive_number, remap,
+                                  rope_scaling, unfused)
 from specgen.models.transformer import TransformerConfig
 
-GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved"}
+GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
+                "gemma3": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
+# gemma3 as llama.cpp's loader fixes it (no GGUF key holds these): every layer but each sixth slides, with RoPE base
+# 1e4 unscaled; the attention scale is 1/sqrt(head size), 1/sqrt(hidden / heads) for the 62-layer 27B
+GEMMA3_STEP, GEMMA3_LOCAL_THETA, GEMMA3_27B_LAYERS = 6, 10000.0, 62
 GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
@@ -75,6 +79,37 @@ def gguf_rope_scaling(reader, arch: str, context: int, source: str, per_frequenc
     return rope_scaling({"rope_scaling": {k: v for k, v in params.items() if v is not None}}, context)[0]
 
 
+def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields a gemma3 GGUF adds to Llama's, as llama.cpp builds the model: GeGLU, sandwich
+    norms (their weights stored with Gemma's + 1 added by the converter), the sqrt(dim) embedding scale, local layers
+    (GEMMA3_STEP) with their fixed base. A softcapping key, or a local base or layer pattern other than the fixed ones
+    (which llama.cpp would ignore), is refused: the file says another model than llama.cpp runs."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if gguf_field(reader, f"gemma3.{key}"):
+            raise UsageError(f"GGUF file {source} sets gemma3.{key}: softcapping is not implemented")
+    local = [(i + 1) % GEMMA3_STEP != 0 for i in range(n_layers)]
+    base = gguf_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_THETA)
+    pattern = gguf_field(reader, "gemma3.attention.sliding_window_pattern", local)
+    if base != GEMMA3_LOCAL_THETA or pattern != local:  # (an array of one bool a layer, as gguf writes it)
+        key = "rope.freq_base_swa" if base != GEMMA3_LOCAL_THETA else "attention.sliding_window_pattern"
+        raise UsageError(f"GGUF file {source} sets gemma3.{key}, which llama.cpp's gemma3 loader fixes "
+                         f"({GEMMA3_LOCAL_THETA:g} and every {GEMMA3_STEP}th layer global): import the HF folder")
+    return {"ffn_act": "gelu_tanh", "sandwich_norms": True, "embed_scale": dim**0.5,
+            "local_layers": tuple(i for i, slides in enumerate(local) if slides), "local_rope_theta": GEMMA3_LOCAL_THETA}
+
+
+def gemma3_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A gemma3 GGUF tensor as specgen's model reads it: q's norm times sqrt(head size / the size llama.cpp scales
+    scores by) (1 but for a 27B), so the kernels' 1/sqrt(head size) scores are llama.cpp's."""
+    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == GEMMA3_27B_LAYERS else cfg.hd
+    scale = (cfg.hd / scalar) ** 0.5
+    return lambda name, t: t * scale if name.endswith("attn_q_norm.weight") and scale != 1 else t
+
+
+#: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's)
+GGUF_FIELDS = {"gemma3": (gemma3_fields, gemma3_fold)}
+
+
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:
     """A GGUF file (any quantisation the `gguf` package can dequantise) as float32 weights."""
     from gguf import GGUFReader  # deferred: start-up (gguf loads numpy's bits; only a GGUF import needs it)
@@ -118,6 +153,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
     n_layers = gguf_count(reader, f"{arch}.block_count", path.name)
     step = NOPE_STEP.get(arch)
+    fields, fold = GGUF_FIELDS.get(arch, (lambda *_: {}, None))
     try:
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
@@ -132,6 +168,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
             nope_layers=tuple(i for i in range(n_layers) if (i + 1) % step == 0) if step else (),
+            **fields(reader, path.name, dim, n_layers),
         )
     except ValueError as e:  # RoPE factors of another length than the rotary frequencies, or not positive; odd dims
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None
@@ -147,4 +184,6 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         return data
 
     names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
+    if fold is not None:
+        get = folded(get, fold(cfg))
     return Loaded(cfg, remap(cfg, names, get, "gguf", path.name), context)  # remap: refuses a stray tensor

@@ -1,4 +1,5 @@
-"""A transformers causal LM (Llama, Qwen2, Qwen3, Phi-3, SmolLM3) of a specgen Transformer's weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 3) of a specgen Transformer's weights (the `hf`
+row)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout; with
-    partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again."""
+    partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again; with
+    sandwich norms under Gemma 3's, each norm as the offset w its 1 + w multiplies by (the loader's fold undone; q's
+    attention scale stays in q's norm, exported with query_pre_attn_scalar = head size)."""
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}
@@ -34,7 +37,28 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     if cfg.qk_norm and cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
         out |= {f"model.layers.{i}.self_attn.o_proj.bias": sd["norm.weight"].new_zeros(cfg.dim)
                 for i in range(cfg.n_layers)}
+    if cfg.sandwich_norms:
+        out = {name: t - 1 if name.endswith("norm.weight") else t for name, t in out.items()}
     return fused(out, "Phi3ForCausalLM") if cfg.rope_dim else out
+
+
+def gemma3(cfg, common: dict):
+    """transformers' Gemma3ForCausalLM of a Gemma-block config (sandwich norms): its local layers as sliding ones,
+    whose window (the context) makes them attend as specgen's do; query_pre_attn_scalar the head size, whose scale the
+    kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot express is a ValueError (a tied
+    export loads non-strictly and would drop weights silently)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
+            cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
+            or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
+        raise ValueError("to_hf exports sandwich norms as Gemma 3, whose block has q/k norms, a gelu_tanh gate, a "
+                         "sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer and no q/k/v biases")
+    kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=kinds,
+        sliding_window=cfg.max_seq_len, query_pre_attn_scalar=cfg.hd, hidden_activation="gelu_pytorch_tanh",
+        attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
 def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
@@ -68,10 +92,15 @@ def to_hf(model: Transformer):
         # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
         # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
         common["rope_scaling"]["factor"] = 1.0
+    if (cfg.local_layers or cfg.ffn_act != "silu" or cfg.embed_scale != 1) and not cfg.sandwich_norms:
+        raise ValueError("to_hf exports local RoPE layers, a gelu_tanh gate and an embedding scale as Gemma 3, whose "
+                         "block also has sandwich norms")
     if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
         raise ValueError("to_hf exports NoPE layers as SmolLM3, which has no partial RoPE, q/k norms or q/k/v-only "
                          "biases")
-    if cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
+    if cfg.sandwich_norms:
+        hf = gemma3(cfg, common)
+    elif cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
         hf = SmolLM3ForCausalLM(SmolLM3Config(
             **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
             attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))

@@ -28,13 +28,34 @@ HF_ARCHITECTURES = {
     "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
     "SmolLM3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "rope_theta": 2000000.0,
                            "tie_word_embeddings": True},  # Llama's math, some layers without RoPE (nope_layers)
+    "Gemma3ForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 4, "head_dim": 256,
+                          "rope_theta": 1000000.0, "tie_word_embeddings": True},  # Gemma 3 text (270M, 1B)
 }
-# an architecture -> the bias keys its transformers class reads, each refused when set (specgen's q/k/v biases are
-# Qwen2's, which that class always has)
-BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalLM": ("attention_bias",),
-             "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias")}
-BIASES = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
-          "mlp_bias": "MLP biases are not implemented"}
+# an architecture -> the TransformerConfig fields of its block beyond Llama's (Gemma 3's config-dependent ones:
+# gemma3_fields; its norm offsets and attention scale are folded into the weights at load: gemma3_fold)
+BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm": True},
+          "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"}}
+# an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's)
+ACTIVATION_KEYS = {"Gemma3ForCausalLM": ("hidden_activation", ("gelu_pytorch_tanh",))}
+SILU = ("hidden_act", ("silu", "swish"))  # every other architecture's: SwiGLU
+# architectures transformers has and specgen refuses, with the reason (the rest: "unsupported architecture")
+REFUSED_ARCHITECTURES = {
+    "Gemma2ForCausalLM": "Gemma 2's attention and final logit softcapping (tanh) are not implemented",
+    "GemmaForCausalLM": "Gemma 1 (no sandwich or q/k norms) is not implemented; Gemma 3 text checkpoints are",
+    "Gemma3ForConditionalGeneration": "a multimodal Gemma 3 checkpoint (vision tower and text model); import a "
+                                      "text-only one (Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b and their -it)",
+}
+# an architecture -> the keys its transformers class reads that change the math where set (true, or not null), each
+# refused then (specgen's q/k/v biases are Qwen2's, which that class always has)
+SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalLM": ("attention_bias",),
+            "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"),
+            "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "final_logit_softcapping",
+                                  "use_bidirectional_attention")}
+WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
+           "mlp_bias": "MLP biases are not implemented",
+           "attn_logit_softcapping": "attention logit softcapping is not implemented",
+           "final_logit_softcapping": "final logit softcapping is not implemented",
+           "use_bidirectional_attention": "bidirectional attention is not a causal LM's (specgen decodes causally)"}
 # an architecture (HF or GGUF name) -> its fused tensors as the Llama names the loader maps: a Llama name's suffix ->
 # (the fused tensor's suffix, which part of it along dim 0: q, k, v of the projection's rows; the gate's, then up's)
 FUSED = {
@@ -72,10 +93,12 @@ def hf_config(raw: dict) -> TransformerConfig:
     refused with one line naming it, and so is a number that builds no model (check_numbers, grouped heads)."""
     arch = (raw.get("architectures") or ["?"])[0]
     if arch not in HF_ARCHITECTURES:
-        raise UsageError(f"unsupported architecture {arch}; supported: {', '.join(HF_ARCHITECTURES)}")
+        why = f" ({REFUSED_ARCHITECTURES[arch]})" if arch in REFUSED_ARCHITECTURES else ""
+        raise UsageError(f"unsupported architecture {arch}{why}; supported: {', '.join(HF_ARCHITECTURES)}")
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
     check_numbers(raw)
+    raw, extra = FIELDS.get(arch, lambda r: (r, {}))(raw)  # Gemma 3: its global RoPE read as a flat one
     n_heads = raw["num_attention_heads"]
     n_kv_heads = kv_heads(raw, arch, n_heads)
     if n_heads % n_kv_heads:  # grouped-query attention: each key/value head serves as many query heads
@@ -90,9 +113,9 @@ def hf_config(raw: dict) -> TransformerConfig:
             n_kv_heads=n_kv_heads, ffn_dim=raw["intermediate_size"], head_dim=head_dim,
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
-            qkv_bias=arch == "Qwen2ForCausalLM", qk_norm=arch == "Qwen3ForCausalLM",
             tie_embeddings=bool(raw.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
             rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads), nope_layers=nope_layers(raw, arch),
+            **BLOCKS.get(arch, {}), **extra,
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
@@ -150,12 +173,13 @@ def capped_context(context: int, scaling: dict | None, window: int | None) -> in
 
 
 def check_unsupported(raw: dict, arch: str) -> None:
-    """Refuse keys whose math specgen's decoder does not have (activation, biases, quantized weights)."""
-    if raw.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise refuse("hidden_act", raw["hidden_act"], "specgen's MLP is SwiGLU (silu) only")
-    for key in BIAS_KEYS.get(arch, ()):
+    """Refuse keys whose math specgen's decoder does not have (activation, biases, softcapping, quantized weights)."""
+    key, implemented = ACTIVATION_KEYS.get(arch, SILU)
+    if raw.get(key, implemented[0]) not in implemented:
+        raise refuse(key, raw[key], f"specgen's {arch} gate is {implemented[0]} only")
+    for key in SET_KEYS.get(arch, ()):
         if raw.get(key):
-            raise refuse(key, raw[key], BIASES[key])
+            raise refuse(key, raw[key], WHY_SET[key])
     if quant := raw.get("quantization_config"):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise refuse("quantization_config", {"quant_method": method}, "pre-quantized HF weights are not loaded; "
@@ -274,6 +298,12 @@ def sliding_window(raw: dict, arch: str) -> int | None:
             return None
         if window is None:  # transformers cannot build those layers' mask either
             raise refuse("sliding_window", None, "layer_types marks sliding_attention layers but sets no window")
+    elif arch == "Gemma3ForCausalLM":  # the layers layer_types marks (or its pattern derives) slide
+        window = raw.get("sliding_window", 4096)  # the class default
+        if "sliding_attention" not in gemma3_layer_types(raw):
+            return None
+        if window is None:  # transformers cannot build those layers' mask either
+            raise refuse("sliding_window", None, "sliding_attention layers but no window")
     elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
         kinds = layer_kinds(raw)
         if not raw.get("use_sliding_window", False):
@@ -297,6 +327,79 @@ def layer_kinds(raw: dict) -> set[str]:
     return kinds
 
 
+def gemma3_layer_types(raw: dict) -> list[str]:
+    """A Gemma 3 config's layer kinds as transformers reads them: `layer_types` (one known kind a layer), else layer i
+    slides unless (i + 1) % `sliding_window_pattern` (default 6) is 0, its class's derivation."""
+    n = raw["num_hidden_layers"]
+    if raw.get("layer_types") is not None:
+        layer_kinds(raw)
+        if not isinstance(raw["layer_types"], list) or len(raw["layer_types"]) != n:
+            raise CheckpointError(f"config.json sets layer_types={json.dumps(raw['layer_types'])[:80]}: not one kind "
+                                  f"for each of its {n} layers")
+        return raw["layer_types"]
+    pattern = raw.get("sliding_window_pattern", 6)
+    if type(pattern) is not int or pattern < 1:
+        raise CheckpointError(f"config.json sets sliding_window_pattern={json.dumps(pattern)}: not a positive integer")
+    return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+
+
+def gemma3_rope(raw: dict) -> tuple[dict, dict]:
+    """A Gemma 3 config's (global, local) RoPE dicts as its transformers class reads them: `rope_parameters` per layer
+    kind (transformers 5), a legacy `rope_scaling` updating the global one, the bases from `rope_theta` (default 1e6)
+    and `rope_local_base_freq` (default 1e4) where the dicts set none."""
+    params = raw.get("rope_parameters") or {}
+    if not isinstance(params, dict) or set(params) - {"full_attention", "sliding_attention"} or not all(
+            isinstance(v, dict) or v is None for v in params.values()):
+        raise refuse("rope_parameters", params, "Gemma 3 reads one RoPE dict per layer kind (full_attention, "
+                     "sliding_attention)")
+    full = {**(params.get("full_attention") or {}), **(raw.get("rope_scaling") or {})}
+    local = dict(params.get("sliding_attention") or {})
+    full.setdefault("rope_theta", raw.get("rope_theta") or 1000000.0)
+    local.setdefault("rope_theta", raw.get("rope_local_base_freq") or 10000.0)
+    for kind, p in (("full_attention", full), ("sliding_attention", local)):
+        if p.get("partial_rotary_factor", 1.0) != 1:
+            raise refuse(f"rope_parameters.{kind}.partial_rotary_factor", p["partial_rotary_factor"],
+                         "partial RoPE is implemented for Phi3ForCausalLM, not Gemma3ForCausalLM")
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise refuse("rope_parameters.sliding_attention.rope_type", local.get("rope_type", local.get("type")),
+                     "specgen's local layers turn with an unscaled RoPE (Gemma 3's)")
+    return full, local
+
+
+def gemma3_fields(raw: dict) -> tuple[dict, dict]:
+    """A Gemma 3 config as hf_config reads it: the config with its global RoPE as a flat `rope_parameters` (read as
+    every other class's), and the TransformerConfig fields it adds: the embedding scale sqrt(hidden_size), the local
+    (sliding) layers and their RoPE base."""
+    full, local = gemma3_rope(raw)
+    flat = {k: v for k, v in raw.items() if k != "rope_scaling"} | {"rope_parameters": full}
+    layers = tuple(i for i, kind in enumerate(gemma3_layer_types(raw)) if kind == "sliding_attention")
+    theta = positive_number("rope_parameters.sliding_attention.rope_theta", local["rope_theta"]) if layers else 0.0
+    return flat, {"embed_scale": raw["hidden_size"] ** 0.5, "local_layers": layers, "local_rope_theta": theta}
+
+
+#: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
+FIELDS = {"Gemma3ForCausalLM": gemma3_fields}
+
+
+def gemma3_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A Gemma 3 HF tensor as specgen's model reads it: a norm's stored w as the 1 + w it multiplies by (float32, as
+    transformers adds it), q's norm also times sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(
+    head_dim) scores are transformers' query_pre_attn_scalar^-1/2 ones (1 for 270M/1B, whose scalar is their head
+    size). RoPE turns q linearly, so the scale commutes with it."""
+    scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
+
+    def fold(name: str, t: torch.Tensor) -> torch.Tensor:
+        if name.endswith("norm.weight"):
+            t = 1.0 + t
+        return t * scale if name.endswith("q_norm.weight") and scale != 1 else t
+
+    return fold
+
+
+#: an architecture -> how its HF tensors become specgen's (name, stored float32 tensor -> tensor)
+FOLDS = {"Gemma3ForCausalLM": gemma3_fold}
+
+
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv
 TOP_NAMES = {"tok_embeddings.weight": ("model.embed_tokens.weight", "token_embd.weight"),
              "norm.weight": ("model.norm.weight", "output_norm.weight"),
@@ -313,6 +416,11 @@ LAYER_NAMES = {  # under layers.{i}. / model.layers.{i}. / blk.{i}.
     "feed_forward.w3.weight": ("mlp.up_proj.weight", "ffn_up.weight"),
     "feed_forward.w2.weight": ("mlp.down_proj.weight", "ffn_down.weight"),
 }
+SANDWICH_NAMES = {  # Gemma's: the feed-forward's input norm under another HF name, each sublayer's output norm
+    "ffn_norm.weight": ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+    "attention_out_norm.weight": ("post_attention_layernorm.weight", "post_attention_norm.weight"),
+    "ffn_out_norm.weight": ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+}
 LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
 
 
@@ -327,9 +435,10 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
         return tuple(prefix + name.format(x) for x in "qkv") if "{}" in name else (prefix + name,)
 
     out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
+    layer_names = LAYER_NAMES | SANDWICH_NAMES if cfg.sandwich_norms else LAYER_NAMES
     for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
-                for ours, theirs in LAYER_NAMES.items()}
+                for ours, theirs in layer_names.items()}
     return {ours: theirs for ours, theirs in out.items()
             if all(on for suffix, on in optional.items() if f".{ours}".endswith(suffix))}
 
@@ -425,12 +534,25 @@ def load_hf_folder(folder: Path) -> Loaded:
         with safe_open(str(index[name]), "pt") as h:
             return h.get_tensor(name).float()
 
-    names, get = unfused((raw.get("architectures") or ["?"])[0], "hf", cfg, set(index), stored, folder.name)
+    arch = (raw.get("architectures") or ["?"])[0]
+    names, get = unfused(arch, "hf", cfg, set(index), stored, folder.name)
+    if arch in FOLDS:
+        get = folded(get, FOLDS[arch](raw, cfg))
     if cfg.tie_embeddings and "lm_head.weight" in index and not torch.equal(get("lm_head.weight"),
                                                                             get("model.embed_tokens.weight")):
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
     return Loaded(cfg, remap(cfg, names, get, "hf", folder.name), declared_context(raw))
+
+
+def folded(get: Callable[[str], torch.Tensor | None], fold: Callable[[str, torch.Tensor], torch.Tensor]
+           ) -> Callable[[str], torch.Tensor | None]:
+    """`get` with each tensor it finds passed through `fold` (name, tensor -> tensor)."""
+    def fetch(name: str) -> torch.Tensor | None:
+        t = get(name)
+        return None if t is None else fold(name, t)
+
+    return fetch
 
 
 def unfused(arch: str, fmt: str, cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None],

@@ -15,7 +15,7 @@ from specgen import devices
 from specgen.errors import UsageError
 from specgen.models import native_block, prompt
 from specgen.models.kernel_choice import quantized_product
-from specgen.models.transformer import Transformer, TransformerConfig
+from specgen.models.transformer import ACTIVATIONS, Transformer, TransformerConfig
 from specgen.native import ops
 
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -267,17 +267,18 @@ def workspace(out: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class QuantizedFeedForward(nn.Module):
-    """SwiGLU w2(silu(w1 x) * w3 x) with the gate and up projections stored as one quantized layer `w13` = [w1; w3]:
-    one kernel call fewer, bitwise the unfused form (every output row is quantized and computed alone)."""
+    """SwiGLU w2(silu(w1 x) * w3 x) (or the float model's other gate, `act`: transformer.ACTIVATIONS) with the gate
+    and up projections stored as one quantized layer `w13` = [w1; w3]: one kernel call fewer, bitwise the unfused form
+    (every output row is quantized and computed alone)."""
 
-    def __init__(self, w13: QuantizedLinear, w2: QuantizedLinear) -> None:
+    def __init__(self, w13: QuantizedLinear, w2: QuantizedLinear, act: str = "silu") -> None:
         super().__init__()
-        self.w13, self.w2 = w13, w2
+        self.w13, self.w2, self.act = w13, w2, act
         self.hidden = w2.in_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         gate, up = self.w13(x).split(self.hidden, -1)  # [..., hidden] each
-        return self.w2(F.silu(gate) * up)
+        return self.w2(ACTIVATIONS[self.act](gate) * up)
 
 
 def qmm_ready(lins: tuple, rows: int) -> bool:
@@ -295,7 +296,7 @@ def qmm_product(lin: QuantizedLinear, x: torch.Tensor, threads: int) -> torch.Te
 
 
 def qmm_gate(ffn: QuantizedFeedForward, x: torch.Tensor, threads: int) -> torch.Tensor:
-    """QuantizedFeedForward's SwiGLU gate (its torch ops): [..., hidden]."""
+    """QuantizedFeedForward's SwiGLU gate (its torch ops; `native_block.usable` admits no other): [..., hidden]."""
     gate, up = qmm_product(ffn._modules["w13"], x, threads).split(ffn.hidden, -1)  # [..., hidden] each (`_modules`:
     # past nn.Module.__getattr__, as native_block.linears)
     return F.silu(gate) * up
@@ -327,7 +328,7 @@ def swap_layers(model: Transformer, quantized, mode: str, group: int) -> None:
                     setattr(parent, name, quantized(lin, mode, group))
         ffn = blk.feed_forward  # w1, w3, w2 without biases; w13: [2 * hidden, dim]
         w13 = quantized(_as_linear(ffn.w1.weight, ffn.w3.weight), mode, group)
-        blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group))
+        blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group), ffn.act)
     head = quantized(model.output, "int8", 0)
     table = head if model.cfg.tie_embeddings else quantized(_as_linear(model.tok_embeddings.weight), "int8", 0)
     model.output, model.tok_embeddings = head, QuantizedEmbedding(table)

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 from specgen.models import kernel_choice
 from specgen.models.attention import NativePlan, chain_plan, native_plan
-from specgen.models.kernel_choice import attention_path, native_norms
+from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import Rotation, rows_rotation
-from specgen.models.transformer import additive_mask, layer_rotations
+from specgen.models.transformer import additive_mask, deferrable, layer_rotations
 
 
 @dataclass(frozen=True)
@@ -164,13 +164,13 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache's first `width` slots (None: all; slots past a row's own add exact zeros, so any width that holds them
     gives the same bits): their output as (x, f), x + f unsummed (f None: x is it), [R, S, dim] each."""
     width = width or k.shape[3]
-    rots = layer_rotations(module.cfg, x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype),
-                                                                   module.cfg.rope_layout))
+    rots = layer_rotations(module, x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype),
+                                                               module.cfg.rope_layout), x.positions)
     mask = step_attention(x, module.cfg, h, width)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     # each layer's condition K/V: the bucket's first R rows of the static buffer
     conds = [None] * len(module.layers) if cross is None else [(ck[:r], cv[:r]) for ck, cv in cross]
-    if native_norms(h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
+    if deferrable(module.cfg, h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None
         for i, (blk, cond) in enumerate(zip(module.layers, conds)):
             h, f = blk.deferred(h, f, rots[i], i, cache, mask, False, cond)
@@ -183,7 +183,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                 width: int | None = None) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
-    h, f = blocks(model, model.tok_embeddings(x.tokens), x, k, v, cross, width)
+    h, f = blocks(model, model.embed(x.tokens), x, k, v, cross, width)
     n = model.norm
     hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
     return model.output(hidden), hidden

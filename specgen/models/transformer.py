@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +45,11 @@ class TransformerConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (weights [hd]) before RoPE
     rope_dim: int = 0  # > 0: partial RoPE (Phi-4-mini), only this many of a head's dims rotate (rope.spread_order)
     nope_layers: tuple[int, ...] = ()  # SmolLM3: the layers whose attention applies no RoPE (`layer_rotations`)
+    embed_scale: float = 1.0  # Gemma: sqrt(dim); the input embeddings times this, rounded to their dtype (`embed`)
+    ffn_act: str = "silu"  # the gate's activation (ACTIVATIONS): "silu" (SwiGLU), "gelu_tanh" (Gemma's GeGLU)
+    sandwich_norms: bool = False  # Gemma: each sublayer's output normed before its residual add (Block)
+    local_layers: tuple[int, ...] = ()  # Gemma's sliding-attention layers: RoPE from the local table (`layer_rotations`)
+    local_rope_theta: float = 0.0  # the local layers' RoPE base (unscaled); set exactly when local_layers is
 
     def __post_init__(self) -> None:
         if self.num_classes and self.caption_dim:
@@ -61,12 +68,31 @@ class TransformerConfig:
                 self.nope_layers and self.rope_grid):
             raise ValueError(f"nope_layers {list(self.nope_layers)} must be distinct increasing layer numbers below "
                              f"n_layers {self.n_layers}, in a 1D RoPE model")
+        self.check_gemma_fields()
         for key in PER_FREQUENCY.get((self.rope_scaling or {}).get("rope_type"), ()):
             factors = self.rope_scaling.get(key)
             if not isinstance(factors, list) or len(factors) != self.rotary_dim // 2 or not all(
                     isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
                 raise ValueError(f"RoPE {key} must be a list of {self.rotary_dim // 2} positive finite numbers (one a "
                                  f"frequency of {self.rotary_dim} rotary dims): {str(factors)[:80]}")
+
+    def check_gemma_fields(self) -> None:
+        """The fields Gemma adds: a positive embedding scale, a known activation, local layers that are layers (not
+        NoPE ones) with their own positive RoPE base, all in a 1D text model without cross-attention."""
+        object.__setattr__(self, "local_layers", tuple(self.local_layers))  # a JSON list, read back: one value
+        if not (type(self.embed_scale) in (int, float) and 0 < self.embed_scale < math.inf):
+            raise ValueError(f"embed_scale {self.embed_scale!r} is not a positive number")
+        if self.ffn_act not in ACTIVATIONS:
+            raise ValueError(f"ffn_act {self.ffn_act!r} is none of {', '.join(ACTIVATIONS)}")
+        if list(self.local_layers) != sorted(set(self.local_layers)) or not all(
+                isinstance(i, int) and 0 <= i < self.n_layers and i not in self.nope_layers for i in self.local_layers):
+            raise ValueError(f"local_layers {list(self.local_layers)} must be distinct increasing layer numbers below "
+                             f"n_layers {self.n_layers}, none of them NoPE")
+        if bool(self.local_layers) != (self.local_rope_theta > 0):
+            raise ValueError(f"local_rope_theta {self.local_rope_theta} must be positive exactly when local_layers "
+                             "are given")
+        if (self.local_layers or self.sandwich_norms) and (self.rope_grid or self.cross_dim):
+            raise ValueError("local_layers and sandwich_norms are for 1D text models without cross-attention")
 
     @property
     def hd(self) -> int:
@@ -84,6 +110,10 @@ class TransformerConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+#: TransformerConfig.ffn_act -> the gate's activation (transformers' `gelu_pytorch_tanh` is F.gelu's tanh form)
+ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
 
 class RMSNorm(nn.Module):
@@ -190,21 +220,25 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU: w2(silu(w1 x) * w3 x); GeGLU (Gemma) with gelu_tanh for silu (`cfg.ffn_act`)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
+        self.act = cfg.ffn_act
         self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.w1(x), self.w3(x)  # [..., ffn] each
-        return self.w2(torch.ops.specgen.silu_mul(a, b) if kernel_choice.one_pass(a) else F.silu(a) * b)
+        if self.act == "silu" and kernel_choice.one_pass(a):  # the fused gate is SwiGLU's only
+            return self.w2(torch.ops.specgen.silu_mul(a, b))
+        return self.w2(ACTIVATIONS[self.act](a) * b)
 
 
 class Block(nn.Module):
-    """Pre-norm block: self-attention, optional cross-attention, SwiGLU."""
+    """Pre-norm block: self-attention, optional cross-attention, SwiGLU; with `cfg.sandwich_norms` (Gemma) each
+    sublayer's output is normed again before its residual add (attention_out_norm, ffn_out_norm; else identities)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -215,17 +249,19 @@ class Block(nn.Module):
             self.cross_attention = CrossAttention(cfg.dim, cfg.cross_dim, cfg.n_heads, cfg.hd)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
+        out_norm = (lambda: RMSNorm(cfg.dim, cfg.norm_eps)) if cfg.sandwich_norms else nn.Identity  # no parameters
+        self.attention_out_norm, self.ffn_out_norm = out_norm(), out_norm()
 
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
         if kind := native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bitwise
             return native_block.forward(self, kind, x, rot, layer, cache, mask, cross_kv)
-        if native_norms(x, self.ffn_norm.weight):  # each add and the next norm in one pass, bitwise
+        if deferrable(self.attention.cfg, x, self.ffn_norm.weight):  # each add and the next norm in one pass, bitwise
             x, f = self.deferred(x, None, rot, layer, cache, mask, causal, cross_kv)
             return x + f
-        x = x + self.attention(self.attention_norm(x), rot, layer, cache, mask, causal)
+        x = x + self.attention_out_norm(self.attention(self.attention_norm(x), rot, layer, cache, mask, causal))
         if cross_kv is not None:
             x = x + self.cross_attention(self.cross_norm(x), cross_kv)
-        return x + self.feed_forward(self.ffn_norm(x))
+        return x + self.ffn_out_norm(self.feed_forward(self.ffn_norm(x)))
 
     def deferred(self, x: torch.Tensor, f: torch.Tensor | None, rot, layer: int, cache, mask, causal: bool = False,
                  cross_kv=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,6 +274,12 @@ class Block(nn.Module):
             x, normed = torch.ops.specgen.add_rms_norm(x, a, self.cross_norm.weight, self.cross_norm.eps)
             a = self.cross_attention(normed, cross_kv)
         return normed_into(x, a, self.ffn_norm, self.feed_forward)
+
+
+def deferrable(cfg: TransformerConfig, x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a block's residual adds run inside the next norm's kernel (`Block.deferred`): native norms, and no
+    sandwich norms (whose output norm sits between a sublayer and its add)."""
+    return not cfg.sandwich_norms and native_norms(x, weight)
 
 
 def normed_into(x: torch.Tensor, f: torch.Tensor | None, norm: RMSNorm, consumer: nn.Module
@@ -289,13 +331,16 @@ def padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
     return causal & (valid[:, None, :] | eye)
 
 
-def rope_table(cfg: TransformerConfig) -> torch.Tensor:
+def rope_table(cfg: TransformerConfig, local: bool = False) -> torch.Tensor:
     """The model's RoPE table as each position's Rotation rows [P, 2, hd] (float32, `rope.layout_table`): 1D over
-    max_seq_len, or LlamaGen 2D. Made on the CPU even in a meta build, whose first meta op would import torch's Python
-    decompositions (seconds at every start)."""
+    max_seq_len, or LlamaGen 2D; `local`: the local layers' (Gemma's sliding layers: their own base, unscaled). Made on
+    the CPU even in a meta build, whose first meta op would import torch's Python decompositions (seconds at every
+    start)."""
     with torch.device("cpu"):
         if cfg.rope_grid:
             pairs = table_2d(cfg.rope_grid, cfg.hd, cfg.rope_theta, cfg.n_cond)
+        elif local:
+            pairs = table_1d(cfg.max_seq_len, cfg.hd, cfg.local_rope_theta, None, cfg.rotary_dim)
         else:
             pairs = table_1d(cfg.max_seq_len, cfg.hd, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
         return layout_table(pairs, cfg.rope_layout)
@@ -316,6 +361,10 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, 2, hd]
+        if cfg.embed_scale != 1:  # float32 [] (`embed`), as transformers' buffer; on the CPU in a meta build too
+            self.register_buffer("embed_scale", torch.tensor(float(cfg.embed_scale), device="cpu"), persistent=False)
+        if cfg.local_layers:  # [P, 2, hd]: the local layers' (`layer_rotations`)
+            self.register_buffer("local_rope_table", rope_table(cfg, local=True), persistent=False)
         self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
     @property
@@ -326,6 +375,12 @@ class Transformer(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.norm.weight.device
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The input embeddings [B, S, dim] of tokens [B, S]: the table's rows times `cfg.embed_scale` (Gemma's
+        sqrt(dim)) rounded to their dtype first, as transformers scales them."""
+        h = self.tok_embeddings(tokens)
+        return h if self.cfg.embed_scale == 1 else h * self.embed_scale.to(h.dtype)
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """A cache for this model in its activation dtype (with captured steps: a view of their static cache)."""
@@ -354,14 +409,14 @@ class Transformer(nn.Module):
 
     def eager(self, tokens, positions, cache=None, tree_mask=None, embeds=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` run eagerly, its captured steps not asked (e.g. they just declined this call)."""
-        h = self.tok_embeddings(tokens) if embeds is None else embeds
+        h = self.embed(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask)
         return self.output(hidden), hidden
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
         [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
-        rots = layer_rotations(self.cfg, forward_rotation(self, positions, h.dtype))
+        rots = layer_rotations(self, forward_rotation(self, positions, h.dtype), positions)
         mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask)
         cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
@@ -390,11 +445,16 @@ def forward_rotation(module, positions: torch.Tensor, dtype: torch.dtype) -> Rot
     return rows_rotation(module.rope_table[positions].to(dtype), module.cfg.rope_layout)
 
 
-def layer_rotations(cfg: TransformerConfig, rot: Rotation) -> list[Rotation]:
-    """Each layer's rotation: the forward's `rot`, or at a NoPE layer (`cfg.nope_layers`) one that turns nothing
-    (`rope.still`: the RoPE layers' kernels, every value kept bit for bit)."""
+def layer_rotations(module, rot: Rotation, positions: torch.Tensor) -> list[Rotation]:
+    """Each layer of `module` (a Transformer or EAGLE drafter): the forward's `rot` (the table's rows at `positions`
+    [B, S], in range: `forward_rotation`), at a NoPE layer (`cfg.nope_layers`) one that turns nothing (`rope.still`:
+    the RoPE layers' kernels, every value kept bit for bit), at a local layer (`cfg.local_layers`, Gemma's sliding
+    ones) the local table's rows at the same positions (the same kernels, another base)."""
+    cfg = module.cfg
     kept = still(rot) if cfg.nope_layers else rot
-    return [kept if i in cfg.nope_layers else rot for i in range(cfg.n_layers)]
+    local = rows_rotation(module.local_rope_table[positions].to(rot.cos.dtype), cfg.rope_layout) \
+        if cfg.local_layers else rot
+    return [kept if i in cfg.nope_layers else local if i in cfg.local_layers else rot for i in range(cfg.n_layers)]
 
 
 def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:

@@ -18,7 +18,7 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import LLAMA3, SMOLLM3, assert_same, hf_model, logits, tokens
+from tests.models.test_hf_configs import LLAMA3, SMOLLM3, assert_same, gemma3_model, hf_model, logits, tokens
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -38,8 +38,9 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
 def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
                **keys) -> None:
     """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama` and
-    `smollm3` (its converter is Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3`
-    keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up); `extra` tensors (name -> float32
+    `smollm3` (its converter is Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3`,
+    `gemma3` keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up; `gemma3`'s norms are
+    specgen's 1 + w, which its converter writes); `extra` tensors (name -> float32
     array) besides; `keys`: more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn",
     ...; a callable writes the key its own way: `lambda w: None` leaves it out)."""
     w = GGUFWriter(str(path), arch)
@@ -263,6 +264,59 @@ def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tm
     write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
     with pytest.raises(UsageError, match=f"s.gguf sets llama.{needle}, which specgen's GGUF loader does not map"):
         load_gguf(tmp_path / "s.gguf")
+
+
+def gemma3_gguf(tmp_path, **keys) -> tuple:
+    """A transformers Gemma 3 (7 layers, layer 5 global; linear scaling on it; the local base and attention scale
+    llama.cpp fixes) and its gemma3 GGUF as llama.cpp's converter writes it (`keys`: more metadata)."""
+    theirs = gemma3_model(query_pre_attn_scalar=16, rope_local_base_freq=10000.0,
+                          rope_scaling={"rope_type": "linear", "factor": 4.0})
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "g.gguf", loaded.cfg, loaded.state, arch="gemma3", sliding_window=128,
+               rope_scaling_type=RopeScalingType.LINEAR, rope_scaling_factor=4.0, **keys)
+    return theirs, tmp_path / "g.gguf"
+
+
+def test_a_gemma3_gguf_decodes_as_transformers_gemma3(tmp_path):
+    """A gemma3 GGUF (norms with the converter's + 1, q/k norms, post-attention and post-FFN norms, no key for the
+    local layers, their base or the attention scale: llama.cpp fixes them) gives transformers' logits, and so does
+    the hf row's export of it. Controls: one RoPE base in every layer, or no embedding scale, differ."""
+    theirs, path = gemma3_gguf(tmp_path)
+    loaded = load_gguf(path)
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state, strict=False) == (["output.weight"], [])  # tied: the embedding's
+    # the HF folder's config, window cap included (but the epsilon, a float32 key)
+    assert dataclasses.replace(loaded.cfg, norm_eps=1e-6) == load_hf_folder(tmp_path / "hf").cfg
+    x = tokens(100)
+    assert_same(ours, theirs, x)
+    assert_same(to_hf(ours), theirs, x)
+    for over in (dict(local_layers=(), local_rope_theta=0.0), dict(embed_scale=1.0)):
+        wrong = Transformer(dataclasses.replace(loaded.cfg, **over)).eval()
+        wrong.load_state_dict(loaded.state, strict=False)
+        assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)
+
+
+@pytest.mark.parametrize("keys,needle", [
+    (dict(final_logit_softcapping=30.0), "gemma3.final_logit_softcapping: softcapping is not implemented"),
+    (dict(attn_logit_softcapping=50.0), "gemma3.attn_logit_softcapping: softcapping is not implemented"),
+    (dict(rope_freq_base_swa=1e6), "gemma3.rope.freq_base_swa, which llama.cpp's gemma3 loader fixes"),
+    (dict(sliding_window_pattern=[True, False] * 3 + [True]), "gemma3.attention.sliding_window_pattern, which"),
+    (dict(pattern=lambda w: w.add_uint32("gemma3.attention.sliding_window_pattern", 6)),  # a count, not one a layer
+     "gemma3.attention.sliding_window_pattern, which"),
+])
+def test_a_gemma3_gguf_key_llama_cpp_ignores_or_specgen_lacks_is_refused(keys, needle, tmp_path):
+    """Softcapping (Gemma 2's, not implemented), or a local base or layer pattern other than the ones llama.cpp's
+    gemma3 loader fixes (the file would say one model, llama.cpp run another): one line naming the key."""
+    _, path = gemma3_gguf(tmp_path, **keys)
+    with pytest.raises(UsageError, match=needle):
+        load_gguf(path)
+
+
+def test_a_gemma3_gguf_of_the_default_pattern_and_base_written_out_loads(tmp_path):
+    """The same pattern and base written as keys are what llama.cpp fixes: the file loads as without them."""
+    _, path = gemma3_gguf(tmp_path, rope_freq_base_swa=10000.0, sliding_window_pattern=[True] * 5 + [False, True])
+    assert load_gguf(path).cfg.local_layers == (0, 1, 2, 3, 4, 6)
 
 
 def test_a_truncated_gguf_says_so(tmp_path):

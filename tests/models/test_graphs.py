@@ -20,7 +20,7 @@ from specgen.models import graphs, kernel_choice, static_step
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
-from tests.conftest import LOSSLESS_TEXT, method_drafter, tiny_model
+from tests.conftest import GEMMA, LOSSLESS_TEXT, method_drafter, tiny_model
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -162,6 +162,24 @@ def test_nope_layers_keep_every_lossless_method_on_ar_eager_and_static(name):
     assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
     other = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
     assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]  # control: NoPE changes tokens
+
+
+@pytest.mark.parametrize("name", LOSSLESS_TEXT)
+def test_a_gemma_target_keeps_every_lossless_method_on_ar_eager_and_static(name):
+    """A Gemma 3 target (scaled embedding, GeGLU, sandwich and q/k norms, a local layer with its own RoPE base): each
+    lossless text method equals eager AR, eagerly and as static steps (which scale, norm and turn as eager forwards)."""
+    prompts = [PROMPT, PROMPT[:7]]
+    eager = run_batch(ModelTarget(tiny_model(0, **GEMMA)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    make = lambda i: method_drafter(name, 0, False)  # noqa: E731
+    static = tiny_model(0, **GEMMA)
+    for target in (ModelTarget(tiny_model(0, **GEMMA)), static_target(static)):
+        got = run_batch(target, make, prompts, 24, SamplingParams())
+        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
+    for key in ("embed_scale", "local_layers"):  # controls: the scale and the local base each change the tokens
+        other = tiny_model(0, **{**GEMMA, key: 1.0 if key == "embed_scale" else (1,)})
+        got = run_batch(ModelTarget(other), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+        assert [r.tokens for r in got.results] != [r.tokens for r in eager.results]
 
 
 @pytest.mark.parametrize("name,gpu,batch,capture",
@@ -667,7 +685,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     """A static step's blocks hand each output on as x + f unsummed, the add done inside the next norm's kernel
     (Block.deferred): the logits and hidden states are bitwise those of the blocks' own forwards."""
     with torch.inference_mode():
-        if not static_step.native_norms(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)):
+        if not kernel_choice.native_norms(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype)):
             pytest.skip("no C compiler: the native norms are not built here")
     model = tiny_model(0).to(dtype)
     steps = graphs.attach(model, "on", capture=False)
@@ -680,7 +698,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     x.tree.copy_(x.chain.expand(2, 4, 4))
     with torch.inference_mode():
         fused = target_step(model, x, steps.k, steps.v, None, b.width)
-        monkeypatch.setattr(static_step, "native_norms", lambda *t: False)  # each block's forward, its add on its own
+        monkeypatch.setattr(static_step, "deferrable", lambda *a: False)  # each block's forward, its add on its own
         plain = target_step(model, x, steps.k, steps.v, None, b.width)
     assert all(torch.equal(a, c) for a, c in zip(fused, plain))
 

@@ -253,6 +253,21 @@ def raw_llama(**over) -> dict:
     (dict(rope_parameters={"full_attention": {"rope_type": "default"}}), "rope_parameters"),
     (dict(rope_scaling={"rope_type": "linear"}), "factor"),
     (dict(architectures=["GemmaForCausalLM"]), "GemmaForCausalLM"),
+    (dict(architectures=["Gemma2ForCausalLM"]), "Gemma 2's attention and final logit softcapping"),
+    (dict(architectures=["Gemma3ForConditionalGeneration"]), "import a text-only one (Gemma3ForCausalLM"),
+    *[(dict(architectures=["Gemma3ForCausalLM"], **{key: value}), key)
+      for key, value in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0),
+                         ("use_bidirectional_attention", True), ("attention_bias", True),
+                         ("hidden_activation", "gelu"), ("hidden_activation", "silu"))],
+    (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+     "rope_parameters"),  # flat: Gemma 3 reads one dict per layer kind
+    (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"sliding_attention": {
+        "rope_type": "linear", "factor": 2.0}}), "rope_parameters.sliding_attention.rope_type"),
+    (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"full_attention": {
+        "rope_type": "default", "partial_rotary_factor": 0.5}}), "partial_rotary_factor"),
+    (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"full_attention": {"rope_type": "ntk-by-parts"}}),
+     "rope_type"),
+    (dict(architectures=["Gemma3ForCausalLM"], sliding_window=None), "sliding_window"),
     (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
     (dict(architectures=["Qwen2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
     (dict(architectures=["SmolLM3ForCausalLM"], attention_bias=True), "attention_bias"),
@@ -461,3 +476,129 @@ def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_folder(tmp_path):
                                               "Expecting property name"):
         import_checkpoint(tmp_path / "m", "m")
     assert not (registry.checkpoints_dir() / "target" / "m").exists()
+
+
+# Gemma 3 text over 7 layers: layer 5 global (the default pattern), the others local with their own RoPE base; a
+# query_pre_attn_scalar other than the head size; sequences below the window (128), where sliding attention is full
+GEMMA3 = dict(num_hidden_layers=7, head_dim=16, query_pre_attn_scalar=24, sliding_window=128, rope_theta=1000.0,
+              rope_local_base_freq=100.0, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+GEMMA3_CASES = {"gemma3": {}, "gemma3-linear": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
+                "gemma3-untied-head-size-scalar": dict(tie_word_embeddings=False, query_pre_attn_scalar=16)}
+
+
+def gemma3_model(**over):
+    """A random tiny transformers Gemma3ForCausalLM; its norms store offsets around 0 (it multiplies by 1 + w)."""
+    cfg = transformers.Gemma3TextConfig(**{**SHAPE, **GEMMA3, **over})
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(0.2 * torch.randn_like(p) if name.endswith("norm.weight") else 0.3 * torch.randn_like(p))
+    return model
+
+
+def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
+    """The loaded model with one Gemma detail undone each: no norm offsets, no embedding scale, one RoPE base in
+    every layer, and (where the checkpoint's query_pre_attn_scalar is not its head size) the head size's scale."""
+    cfg, state = ours.cfg, ours.state_dict()
+    scale = (cfg.hd / scalar) ** 0.5  # folded into q's norm at load
+    wrong = {"offsets": (cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
+             "embed_scale": (dataclasses.replace(cfg, embed_scale=1.0), state),
+             "one_base": (dataclasses.replace(cfg, local_layers=(), local_rope_theta=0.0), state)}
+    if scale != 1:
+        wrong["scalar"] = (cfg, {k: v / scale if k.endswith("q_norm.weight") else v for k, v in state.items()})
+    out = {}
+    for name, (c, s) in wrong.items():
+        out[name] = Transformer(c).eval()
+        out[name].load_state_dict(s)
+    return out
+
+
+@pytest.mark.parametrize("case", GEMMA3_CASES)
+def test_gemma3_logits_equal_transformers(case, tmp_path):
+    """Gemma 3 text loads exactly: norm offsets and the attention scale folded into the weights, the scaled
+    embedding, GeGLU, sandwich and q/k norms, the local layers' own RoPE base, the global layers' scaling; the context
+    is capped at the window. Controls: each detail undone is visibly wrong."""
+    theirs = gemma3_model(**GEMMA3_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert ours.cfg.max_seq_len == 128 and ours.cfg.local_layers == (0, 1, 2, 3, 4, 6)
+    x = tokens(100)
+    assert_same(ours, theirs, x)
+    exported = to_hf(ours)  # the `hf` benchmark row's export: transformers' Gemma 3 with the same math
+    assert type(exported).__name__ == "Gemma3ForCausalLM"
+    assert_same(ours, exported, x)
+    controls = gemma3_controls(ours, theirs.config.query_pre_attn_scalar)
+    assert len(controls) == (3 if case == "gemma3-untied-head-size-scalar" else 4)
+    for name, wrong in controls.items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_gemma3_greedy_decode_equals_transformers_greedy(tmp_path):
+    """AR through specgen's decode loop (KV cache, native CPU attention) equals transformers' greedy continuation."""
+    theirs = gemma3_model(**GEMMA3_CASES["gemma3-linear"])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    prompt = tokens(40)
+    got = decode(ModelTarget(ours), EmptyDrafter(), prompt[0].tolist(), 8, SamplingParams()).tokens
+    seq = prompt
+    for _ in range(8):
+        seq = torch.cat([seq, logits(theirs, seq)[:, -1:].argmax(-1)], 1)
+    assert list(got) == seq[0, 40:].tolist()
+
+
+def test_a_legacy_gemma3_config_reads_the_same(tmp_path):
+    """transformers 4.x Gemma 3 configs: `rope_theta`, `rope_local_base_freq` and `rope_scaling` at the top level
+    (the scaling the global layers'), the pattern `sliding_window_pattern` instead of `layer_types`."""
+    theirs = gemma3_model(**GEMMA3_CASES["gemma3-linear"])
+    theirs.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    legacy = {k: v for k, v in raw.items() if k not in ("rope_parameters", "layer_types")}
+    legacy |= {"rope_theta": 1000.0, "rope_local_base_freq": 100.0, "sliding_window_pattern": 6,
+               "rope_scaling": {"type": "linear", "factor": 4.0}}
+    assert hf_config(legacy) == hf_config(raw)
+    assert hf_config({**legacy, "sliding_window_pattern": 2}).local_layers == (0, 2, 4, 6)
+
+
+def test_a_gemma3_config_without_its_keys_takes_transformers_class_defaults():
+    """Gemma 3's class defaults: head size 256, 4 KV heads, RoPE bases 1e6 (global) and 1e4 (local), a tied head, a
+    4096 window over a 131072 context, every sixth layer global, query_pre_attn_scalar 256 (the head size)."""
+    raw = {k: v for k, v in SHAPE.items() if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings")}
+    raw |= {"num_hidden_layers": 12, "num_attention_heads": 8}
+    theirs = transformers.Gemma3TextConfig(**raw)
+    cfg = hf_config({**raw, "architectures": ["Gemma3ForCausalLM"]})
+    assert (cfg.hd, cfg.n_kv_heads, cfg.tie_embeddings) == (theirs.head_dim, theirs.num_key_value_heads, True)
+    assert cfg.rope_theta == theirs.rope_parameters["full_attention"]["rope_theta"] == 1e6
+    assert cfg.local_rope_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
+    assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
+    assert cfg.local_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
+    assert cfg.max_seq_len == theirs.sliding_window == 4096 and theirs.query_pre_attn_scalar == cfg.hd
+    assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and cfg.sandwich_norms and cfg.qk_norm
+
+
+def test_gemma3_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp_path):
+    """The folded offsets (1 + w rounded to bfloat16 once, at load) and Llama's norm formula (normed x rounded before
+    the weight) round differently from transformers' float32 (1 + w) product; in bfloat16 specgen's logits stay as
+    near the float32 ones as transformers' own bfloat16 logits (measured: 0.15-0.19 against 0.16-0.17 of logits up
+    to 8)."""
+    theirs = gemma3_model()
+    theirs.save_pretrained(tmp_path)
+    ours, x = load(tmp_path), tokens(100)
+    exact = logits(theirs, x)
+    their_error = (logits(theirs.to(torch.bfloat16), x).float() - exact).abs().max()
+    our_error = (logits(ours.to(torch.bfloat16), x).float() - exact).abs().max()
+    assert our_error <= 2 * their_error
+
+
+@pytest.mark.parametrize("over", [dict(ffn_act="silu"), dict(embed_scale=2.0), dict(qk_norm=False),
+                                  dict(nope_layers=(1,)), dict(rope_layout="interleaved")])
+def test_a_gemma_block_that_gemma3_cannot_express_is_not_exported(over):
+    """to_hf builds Gemma3ForCausalLM for sandwich norms only with the rest of Gemma 3's block; Gemma's fields without
+    sandwich norms have no transformers class at all."""
+    from tests.conftest import GEMMA, tiny_model
+
+    with pytest.raises(ValueError, match="Gemma 3|SmolLM3"):  # (NoPE layers: SmolLM3's, which has no q/k norms)
+        to_hf(tiny_model(0, **{**GEMMA, "local_layers": (0,) if "nope_layers" in over else (1,), **over}))
+    with pytest.raises(ValueError, match="sandwich norms"):
+        to_hf(tiny_model(0, **{**GEMMA, "sandwich_norms": False}))

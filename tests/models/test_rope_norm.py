@@ -84,3 +84,35 @@ def test_a_model_without_rope_in_any_layer_reads_no_positions(cached):
 def test_nope_layers_that_are_not_layers_are_refused(layers):
     with pytest.raises(ValueError, match="nope_layers"):
         tiny_model(0, nope_layers=layers)
+
+
+@pytest.mark.parametrize("over,says", [(dict(local_layers=(1, 0), local_rope_theta=10.0), "local_layers"),
+                                       (dict(local_layers=(1,), nope_layers=(1,), local_rope_theta=10.0),
+                                        "local_layers"),
+                                       (dict(local_layers=(1,)), "local_rope_theta"),
+                                       (dict(local_rope_theta=10.0), "local_rope_theta"),
+                                       (dict(embed_scale=0.0), "embed_scale"), (dict(ffn_act="relu"), "ffn_act"),
+                                       (dict(sandwich_norms=True, cross_dim=8), "sandwich_norms")])
+def test_gemma_fields_that_build_no_model_are_refused(over, says):
+    with pytest.raises(ValueError, match=says):
+        tiny_model(0, **over)
+
+
+def test_a_local_layer_turns_with_its_own_base_and_a_gemma_config_reads_back_from_json():
+    """Gemma's local layers take the local table's rows (eager, and over the CPU's native cache); the config's new
+    fields survive JSON (tuples come back as lists). Control: the same model with another local base differs."""
+    import json
+
+    from specgen.models.transformer import TransformerConfig
+    from tests.conftest import GEMMA
+
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    model = tiny_model(0, **GEMMA)
+    assert TransformerConfig(**json.loads(json.dumps(model.cfg.to_dict()))) == model.cfg
+    other = tiny_model(0, **{**GEMMA, "local_rope_theta": 10000.0})
+    with torch.inference_mode():
+        ours = model(tokens, torch.arange(8)[None])[0]
+        cached = model(tokens, torch.arange(8)[None], model.new_cache(1, 64))[0]
+        theirs = other(tokens, torch.arange(8)[None])[0]
+    torch.testing.assert_close(cached, ours, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ours, theirs, atol=1e-3)
