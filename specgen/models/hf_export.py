@@ -47,7 +47,7 @@ def gemma3(cfg, common: dict):
     whose window (the context) makes them attend as specgen's do; query_pre_attn_scalar the head size, whose scale the
     kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot express is a ValueError (a tied
     export loads non-strictly and would drop weights silently)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # optional dependency (the `hf` rows), as `to_hf`'s
 
     if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
             cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
