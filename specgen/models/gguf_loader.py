@@ -173,7 +173,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             norm_eps=gguf_positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", path.name, 1e-5),
             rope_theta=gguf_positive(reader, f"{arch}.rope.freq_base", path.name, 10000.0),
             rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=min(capped_context(context, scaling), MAX_CONTEXT if slides or window is None else window),
+            max_seq_len=min(capped_context(context, scaling), window if window and not slides else MAX_CONTEXT),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,

@@ -44,9 +44,9 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 def gemma3(cfg, common: dict):
     """transformers' Gemma3ForCausalLM of a Gemma-block config (sandwich norms): its local layers as sliding ones,
-    with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar the head size, whose scale the
-    kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot express is a ValueError (a tied
-    export loads non-strictly and would drop weights silently)."""
+    with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar
+    the head size, whose scale the kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot
+    express is a ValueError (a tied export loads non-strictly and would drop weights silently)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # optional dependency (the `hf` rows), as `to_hf`'s
 
     if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
@@ -57,7 +57,8 @@ def gemma3(cfg, common: dict):
     kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
     return Gemma3ForCausalLM(Gemma3TextConfig(
         **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=kinds,
-        sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd, hidden_activation="gelu_pytorch_tanh",
+        sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
+        hidden_activation="gelu_pytorch_tanh",
         attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 

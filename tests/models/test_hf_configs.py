@@ -532,7 +532,8 @@ def gemma3_model(**over):
 
 def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
     """The loaded model with one Gemma detail undone each: no norm offsets, no embedding scale, one RoPE base in
-    every layer, no window (the local layers attending fully), and (where the checkpoint's query_pre_attn_scalar is not its head size) the head size's scale."""
+    every layer, no window (the local layers attending fully), and (where the checkpoint's query_pre_attn_scalar is
+    not its head size) the head size's scale."""
     cfg, state = ours.cfg, ours.state_dict()
     scale = (cfg.hd / scalar) ** 0.5  # folded into q's norm at load
     wrong = {"offsets": (cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
