@@ -18,7 +18,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, method_drafter, tiny_model
+from tests.conftest import GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model
 
 pytestmark = pytest.mark.gpu
 
@@ -215,6 +215,31 @@ def test_captured_steps_of_a_gemma_target_decode_what_eager_ar_decodes(method):
     finally:
         graphs.attach(model, "off")
     assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
+
+
+@pytest.mark.parametrize("kind", SLIDING)
+@pytest.mark.parametrize("method", LOSSLESS_TEXT)
+def test_captured_steps_of_a_sliding_window_target_decode_what_eager_ar_decodes(method, kind):
+    """Local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
+    windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read) and equal eager
+    AR; control: without the window eager AR decodes other tokens."""
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+
+    over, new = SLIDING[kind], 40
+    model = tiny_model(0, **over)
+    gpu = target_on(model, "cuda")
+    eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], new, SamplingParams())
+    steps = graphs.attach(model, "on")
+    try:
+        res = run_batch(gpu, lambda i: method_drafter(method, 0, True), [PROMPT, PROMPT[:7]], new, SamplingParams())
+    finally:
+        graphs.attach(model, "off")
+    assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
+    full = tiny_model(0, **{**over, "window": 0, "local_layers": over["local_layers"] if "local_rope_theta" in over
+                            else ()})
+    other = run_batch(target_on(full, "cuda"), lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], new, SamplingParams())
+    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]
 
 
 def test_captured_steps_across_width_buckets_and_a_failed_capture_decode_what_eager_ar_decodes(monkeypatch):

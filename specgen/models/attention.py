@@ -25,7 +25,7 @@ class AttentionPlan:
     k: torch.Tensor  # [B, Hkv, N*CHUNK, D]
     v: torch.Tensor  # [B, Hkv, N*CHUNK, D + 1]: the values and a column of ones (the softmax sums, by the same GEMM)
     rows: int  # G*S
-    order: torch.Tensor | None = None  # [B, S, T] trees: each query's visible slots first, ascending (else None)
+    order: torch.Tensor | None = None  # [B, S, T] trees: the slot each AR-layout column reads (`plan`; else None)
     tree_bias: torch.Tensor | None = None  # [B, 1, S, N, RG, CHUNK] the compacted visibility, RG = max(G, MIN_ROWS)
     shared_chunks: int = 0  # trees: leading chunks in AR's layout for every query (the committed prefix)
     score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
@@ -94,10 +94,13 @@ PLANS = (AttentionPlan, NativePlan)  # what `plan` returns; a layer given one at
 def plan(
     mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32, lengths: list[int] | None = None,
+    dtype: torch.dtype = torch.float32, lengths: list[int] | None = None, start: torch.Tensor | None = None,
 ) -> AttentionPlan | NativePlan:
     """The plan of a forward of S queries over T key slots (made once, used by every layer): the native kernel's where
-    `attention_path` names it (given the cache `lengths`, its layers may use native_self_attention), else chunked."""
+    `attention_path` names it (given the cache `lengths`, its layers may use native_self_attention), else chunked.
+    `start` [B, S] (a sliding window's): each query's first visible position, where AR's cache holds its first key
+    (else 0). A query's visible keys are one a position, ascending: AR's layout holds them at columns [start, start +
+    count), and a tree's query gets that layout (the list kernel reads lists, not layouts: it needs no `start`)."""
     if attention_path(dtype, device) == "native":
         return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype, device)
     out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device)
@@ -106,10 +109,14 @@ def plan(
         return out
     seen = mask[:, 0]  # [B, S, T]
     count = seen.sum(-1, keepdim=True)  # [B, S, 1]
-    compact = torch.arange(t, device=seen.device) < count  # [B, S, T]: visible slots [0, count) as in AR
+    col = torch.arange(t, device=seen.device)  # [T]
+    lead = 0 if start is None else start[:, :, None].to(seen.device)  # [B, S, 1]
+    compact = (col >= lead) & (col < lead + count)  # [B, S, T]: visible columns [start, start + count) as in AR
     if not torch.equal(seen, compact):  # a tree: some query's keys are not the slots AR would give them
-        out.order = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices  # [B, S, T]
-        moved = (out.order != torch.arange(t, device=seen.device)) | ~compact  # [B, S, T]
+        order = torch.sort((~seen).to(torch.int8), dim=-1, stable=True).indices  # [B, S, T]: visible slots first
+        # column c holds list entry c - start (mod T): the visible slots at [start, start + count), hidden ones around
+        out.order = order if start is None else order.gather(2, (col - lead) % t)
+        moved = (out.order != col) | ~compact  # [B, S, T]
         first = int(torch.where(moved.any(-1), moved.float().argmax(-1), t).min())  # [B, S] -> the earliest
         out.shared_chunks = first // CHUNK  # leading chunks every query sees exactly where the cache has them
         out.score_cols = F.pad(out.order, (0, n * CHUNK - t))  # padding columns: slot 0, hidden by the bias (-inf)
@@ -121,6 +128,23 @@ def plan(
         tvis = F.pad(tvis, (0, 0, 0, rg - group), value=True)  # padding rows: finite, then dropped
         out.tree_bias = torch.zeros(tvis.shape, dtype=torch.float32, device=device).masked_fill_(~tvis, float("-inf"))
     return out
+
+
+def key_positions(lengths: torch.Tensor, positions: torch.Tensor, t: int) -> torch.Tensor:
+    """[B, T] the token position of each of T cache slots: a committed slot's is its number (a text cache holds
+    position i at slot i), a pending slot's its node's (positions [B, S] of the S nodes at lengths [B] + j); slots
+    past a row's nodes get its last node's (hidden from every query anyway). Device ops only (captured steps)."""
+    s = positions.shape[1]
+    slot = torch.arange(t, device=positions.device)[None, :]  # [1, T]
+    rel = slot - lengths[:, None]  # [B, T]
+    return torch.where(rel < 0, slot, positions.gather(1, rel.clamp(0, s - 1)))
+
+
+def in_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, 1, S, T] bool: which keys at positions `keys` [B, T] lie in the sliding window of queries at `queries`
+    [B, S] (positions q - window + 1 .. q; later keys are the causal or tree mask's to hide: transformers'
+    sliding_window_overlay, kv > q - window)."""
+    return (keys[:, None, :] > queries[:, :, None] - window).unsqueeze(1)
 
 
 def chain_plan(

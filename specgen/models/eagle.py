@@ -15,7 +15,7 @@ from specgen.models.transformer import (Block, Transformer, TransformerConfig, f
 def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
     """The drafter's config: the target's block shape and RoPE, one layer, no class/caption embedding."""
     return dataclasses.replace(target_cfg, n_layers=1, num_classes=0, caption_dim=0, tie_embeddings=False, cross_dim=0,
-                               nope_layers=(), local_layers=(), local_rope_theta=0.0)
+                               nope_layers=(), local_layers=(), local_rope_theta=0.0, window=0)
 
 
 class EagleNet(nn.Module):

@@ -106,6 +106,12 @@ def gemma3_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.T
     return lambda name, t: t * scale if name.endswith("attn_q_norm.weight") and scale != 1 else t
 
 
+def window_fields(window: int | None, extra: dict) -> dict:
+    """The sliding window's TransformerConfig field where the architecture's fields place its layers (gemma3's
+    local_layers, llama.cpp's SWA layers); {} otherwise (no window, or layers specgen cannot name)."""
+    return {"window": window} if window is not None and extra.get("local_layers") else {}
+
+
 #: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's)
 GGUF_FIELDS = {"gemma3": (gemma3_fields, gemma3_fold)}
 
@@ -148,12 +154,16 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     per_frequency = {x: None if t is None else dequantize(t.data, t.tensor_type).reshape(-1).tolist()
                      for x, t in per_frequency.items()}
     scaling = gguf_rope_scaling(reader, arch, context, path.name, per_frequency)
-    window = gguf_field(reader, f"{arch}.attention.sliding_window", MAX_CONTEXT)  # caps the context (capped_context)
-    if not isinstance(window, int) or window < 1:
+    window = gguf_field(reader, f"{arch}.attention.sliding_window")
+    if window is not None and (type(window) is not int or window < 1):
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
     n_layers = gguf_count(reader, f"{arch}.block_count", path.name)
     step = NOPE_STEP.get(arch)
     fields, fold = GGUF_FIELDS.get(arch, (lambda *_: {}, None))
+    extra = fields(reader, path.name, dim, n_layers)
+    # the window slides the layers the architecture names (gemma3's local ones: `window_fields`); for another
+    # architecture, whose sliding layers specgen does not place, it still caps the context (full attention below it)
+    slides = window_fields(window, extra)
     try:
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
@@ -163,12 +173,12 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             norm_eps=gguf_positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", path.name, 1e-5),
             rope_theta=gguf_positive(reader, f"{arch}.rope.freq_base", path.name, 10000.0),
             rope_layout=GGUF_LAYOUTS[arch],
-            max_seq_len=capped_context(context, scaling, window),
+            max_seq_len=min(capped_context(context, scaling), window if window and not slides else MAX_CONTEXT),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
             nope_layers=tuple(i for i in range(n_layers) if (i + 1) % step == 0) if step else (),
-            **fields(reader, path.name, dim, n_layers),
+            **(extra | slides),
         )
     except ValueError as e:  # RoPE factors of another length than the rotary frequencies, or not positive; odd dims
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None

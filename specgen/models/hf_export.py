@@ -44,9 +44,9 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 def gemma3(cfg, common: dict):
     """transformers' Gemma3ForCausalLM of a Gemma-block config (sandwich norms): its local layers as sliding ones,
-    whose window (the context) makes them attend as specgen's do; query_pre_attn_scalar the head size, whose scale the
-    kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot express is a ValueError (a tied
-    export loads non-strictly and would drop weights silently)."""
+    with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar
+    the head size, whose scale the kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot
+    express is a ValueError (a tied export loads non-strictly and would drop weights silently)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # optional dependency (the `hf` rows), as `to_hf`'s
 
     if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
@@ -57,8 +57,23 @@ def gemma3(cfg, common: dict):
     kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
     return Gemma3ForCausalLM(Gemma3TextConfig(
         **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=kinds,
-        sliding_window=cfg.max_seq_len, query_pre_attn_scalar=cfg.hd, hidden_activation="gelu_pytorch_tanh",
+        sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
+        hidden_activation="gelu_pytorch_tanh",
         attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
+
+
+def sliding(cfg, every: bool = False) -> dict:
+    """A windowed config's sliding layers as transformers' classes read them (`layer_types`, the window and the
+    switch Qwen's and SmolLM3's classes need); `every`: a class whose window slides every layer (Mistral, Phi-3),
+    which refuses another split. {} without a window."""
+    if not cfg.window:
+        return {}
+    if every:
+        if cfg.local_layers != tuple(range(cfg.n_layers)):
+            raise ValueError("to_hf exports this block's sliding window as a class whose window slides every layer")
+        return {"sliding_window": cfg.window}
+    kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
+    return {"sliding_window": cfg.window, "use_sliding_window": True, "layer_types": kinds}
 
 
 def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
@@ -74,8 +89,9 @@ def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
 def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
     # optional dependency: only an export needs transformers
-    from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+                              Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                              SmolLM3Config, SmolLM3ForCausalLM)
 
     cfg = model.cfg
     if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
@@ -92,7 +108,7 @@ def to_hf(model: Transformer):
         # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
         # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
         common["rope_scaling"]["factor"] = 1.0
-    if (cfg.local_layers or cfg.ffn_act != "silu" or cfg.embed_scale != 1) and not cfg.sandwich_norms:
+    if (cfg.local_rope_theta or cfg.ffn_act != "silu" or cfg.embed_scale != 1) and not cfg.sandwich_norms:
         raise ValueError("to_hf exports local RoPE layers, a gelu_tanh gate and an embedding scale as Gemma 3, whose "
                          "block also has sandwich norms")
     if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
@@ -103,15 +119,18 @@ def to_hf(model: Transformer):
     elif cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
         hf = SmolLM3ForCausalLM(SmolLM3Config(
             **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
-            attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
+            attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+            **sliding(cfg)))
     elif cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
         original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
         hf = Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
-                                        original_max_position_embeddings=original))
+                                        original_max_position_embeddings=original, **sliding(cfg, every=True)))
     elif cfg.qk_norm:
-        hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias))
+        hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias, **sliding(cfg)))
     elif cfg.qkv_bias:
-        hf = Qwen2ForCausalLM(Qwen2Config(**common))
+        hf = Qwen2ForCausalLM(Qwen2Config(**common, **sliding(cfg)))
+    elif cfg.window:  # Llama's math with every layer sliding: Mistral's
+        hf = MistralForCausalLM(MistralConfig(**common, **sliding(cfg, every=True)))
     else:
         hf = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
     hf.load_state_dict(hf_state(model), strict=not cfg.tie_embeddings)

@@ -112,10 +112,10 @@ def hf_config(raw: dict) -> TransformerConfig:
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
             n_kv_heads=n_kv_heads, ffn_dim=raw["intermediate_size"], head_dim=head_dim,
             norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
-            max_seq_len=capped_context(context, scaling, sliding_window(raw, arch)),
+            max_seq_len=capped_context(context, scaling),
             tie_embeddings=bool(raw.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
             rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads), nope_layers=nope_layers(raw, arch),
-            **BLOCKS.get(arch, {}), **extra,
+            **BLOCKS.get(arch, {}), **(extra | sliding_fields(raw, arch)),
         )
     except ValueError as e:  # a RoPE factor list of another length than the head's frequencies
         raise UsageError(f"config.json: {e}") from None
@@ -165,11 +165,11 @@ def declared_context(raw: dict) -> int:
     return int(raw.get("max_position_embeddings") or HF_ARCHITECTURES[arch]["max_position_embeddings"])
 
 
-def capped_context(context: int, scaling: dict | None, window: int | None) -> int:
-    """specgen's context for a checkpoint's own (HF folder or GGUF): at most MAX_CONTEXT, its sliding window (below it
-    sliding attention is full attention) and LongRoPE's original context (past it every position's table changes)."""
+def capped_context(context: int, scaling: dict | None) -> int:
+    """specgen's context for a checkpoint's own (HF folder or GGUF): at most MAX_CONTEXT and LongRoPE's original
+    context (past it every position's table changes). A sliding window caps nothing: its layers slide (`window`)."""
     original = scaling["original_max_position_embeddings"] if scaling and scaling["rope_type"] == "longrope" else None
-    return min(context, MAX_CONTEXT, window or context, original or context)
+    return min(context, MAX_CONTEXT, original or context)
 
 
 def check_unsupported(raw: dict, arch: str) -> None:
@@ -285,38 +285,66 @@ def nope_layers(raw: dict, arch: str) -> tuple[int, ...]:
     return tuple(i for i, m in enumerate(marks) if m == 0)
 
 
-def sliding_window(raw: dict, arch: str) -> int | None:
-    """The sliding-attention window some layer uses, or None; below it sliding attention is full attention, so
-    hf_config caps the context at it (docs/architectures.md)."""
-    if arch in ("MistralForCausalLM", "Phi3ForCausalLM"):  # every layer slides where a window is set
-        window = raw.get("sliding_window", 4096 if arch == "MistralForCausalLM" else None)  # their configs' defaults
-    elif arch == "SmolLM3ForCausalLM":  # the layers layer_types marks slide; without it, where use_sliding_window
-        # and a window are set, the NoPE layers (transformers' derivation)
-        window = raw.get("sliding_window")
-        if not ("sliding_attention" in layer_kinds(raw) if raw.get("layer_types") else
-                raw.get("use_sliding_window", False) and window is not None and nope_layers(raw, arch)):
-            return None
-        if window is None:  # transformers cannot build those layers' mask either
-            raise refuse("sliding_window", None, "layer_types marks sliding_attention layers but sets no window")
-    elif arch == "Gemma3ForCausalLM":  # the layers layer_types marks (or its pattern derives) slide
-        window = raw.get("sliding_window", 4096)  # the class default
-        if "sliding_attention" not in gemma3_layer_types(raw):
-            return None
-        if window is None:  # transformers cannot build those layers' mask either
-            raise refuse("sliding_window", None, "sliding_attention layers but no window")
-    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
-        kinds = layer_kinds(raw)
-        if not raw.get("use_sliding_window", False):
-            return None
-        window = raw.get("sliding_window", 4096)
-        # layers at or past max_window_layers slide (transformers 4.x), or those layer_types marks (5.x): either
-        first = raw.get("max_window_layers", 28)
-        window = window if "sliding_attention" in kinds or raw["num_hidden_layers"] > first else None
-    else:
-        return None
-    if window is not None and (not isinstance(window, int) or window < 1):
+def sliding_fields(raw: dict, arch: str) -> dict:
+    """The TransformerConfig fields of a config's sliding layers: `window` and which layers slide (`local_layers`,
+    each class's derivation in transformers 5: its shared mask, a query at p sees keys at p - window + 1 .. p); {}
+    where none slides."""
+    window, layers = SLIDING.get(arch, lambda r: (None, ()))(raw)
+    if window is None or not layers:
+        return {}
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
         raise refuse("sliding_window", window, "not a positive window")
-    return window
+    return {"window": window, "local_layers": tuple(layers)}
+
+
+def every_layer_slides(default: int | None) -> Callable[[dict], tuple]:
+    """Mistral's and Phi-3's: every layer slides where a window is set (`default`: the class's)."""
+    return lambda raw: (raw.get("sliding_window", default), range(raw["num_hidden_layers"]))
+
+
+def marked(raw: dict) -> list[int]:
+    """The layers `layer_types` marks sliding_attention (a kind other than full and sliding is refused)."""
+    layer_kinds(raw)
+    return [i for i, kind in enumerate(raw.get("layer_types") or []) if kind == "sliding_attention"]
+
+
+def smollm3_sliding(raw: dict) -> tuple:
+    """SmolLM3's: the layers layer_types marks; without it, where use_sliding_window and a window are set, the NoPE
+    layers (transformers' derivation). A marked layer without a window: transformers cannot build its mask."""
+    window = raw.get("sliding_window")
+    if raw.get("layer_types"):
+        layers = marked(raw)
+    else:
+        layers = nope_layers(raw, "SmolLM3ForCausalLM") if raw.get("use_sliding_window", False) and window else ()
+    if layers and window is None:
+        raise refuse("sliding_window", None, "layer_types marks sliding_attention layers but sets no window")
+    return window, layers
+
+
+def gemma3_sliding(raw: dict) -> tuple:
+    """Gemma 3's: the layers layer_types marks (or its pattern derives), window default 4096 (the class's)."""
+    window = raw.get("sliding_window", 4096)
+    layers = [i for i, kind in enumerate(gemma3_layer_types(raw)) if kind == "sliding_attention"]
+    if layers and window is None:  # transformers cannot build those layers' mask either
+        raise refuse("sliding_window", None, "sliding_attention layers but no window")
+    return window, layers
+
+
+def qwen_sliding(raw: dict) -> tuple:
+    """Qwen2's and Qwen3's: only with use_sliding_window (else the class drops the window), the layers layer_types
+    marks (transformers 5) or else those at or past max_window_layers (default 28; the class's derivation)."""
+    kinds = layer_kinds(raw)
+    if not raw.get("use_sliding_window", False):
+        return None, ()
+    first = raw.get("max_window_layers", 28)
+    layers = marked(raw) if kinds else range(first, raw["num_hidden_layers"]) if isinstance(first, int) else ()
+    return raw.get("sliding_window", 4096), layers
+
+
+#: an architecture -> (its window, the layers that slide) as transformers derives them from a config
+SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": every_layer_slides(None),
+           "SmolLM3ForCausalLM": smollm3_sliding, "Gemma3ForCausalLM": gemma3_sliding,
+           "Qwen2ForCausalLM": qwen_sliding, "Qwen3ForCausalLM": qwen_sliding}
 
 
 def layer_kinds(raw: dict) -> set[str]:

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specgen.models import kernel_choice
-from specgen.models.attention import NativePlan, chain_plan, native_plan
+from specgen.models.attention import NativePlan, chain_plan, in_window, key_positions, native_plan
 from specgen.models.kernel_choice import attention_path
 from specgen.models.rope import Rotation, rows_rotation
 from specgen.models.transformer import additive_mask, deferrable, layer_rotations
@@ -158,6 +158,28 @@ def step_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
     return step_mask(visibility(x, t), cfg, h.dtype)
 
 
+def local_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
+    """What a step's local (sliding) layers attend with over T = `t` slots: `visibility` and the window by token
+    positions (a node's and each slot's: `key_positions`), through `step_mask` (on CUDA the list plan of that mask,
+    `attention_plan`'s Triton twin: no host read). A node still sees its own slot (its own position). A target's
+    trees on the chunked path stay eager (`StepGraphs.servable`): chain_plan's slots are its chains' positions."""
+    if x.lists is not None:  # a drafter level's lists: EAGLE's drafter attends fully (eagle.drafter_config)
+        raise ValueError("a drafter level's lists carry no sliding window")
+    near = in_window(x.positions, key_positions(x.meta[0], x.positions, t), cfg.window)  # [R, 1, S, T]
+    return step_mask(visibility(x, t) & near, cfg, h.dtype)
+
+
+def step_masks(x: StaticInputs, module, h: torch.Tensor, t: int) -> list:
+    """Each layer's mask or plan of a step over T = `t` slots: `step_attention`'s, and with a window the local
+    layers' (`local_attention`), each made once (as transformer.layer_masks)."""
+    cfg = module.cfg
+    full = step_attention(x, cfg, h, t)
+    if not cfg.window:
+        return [full] * len(module.layers)
+    local = local_attention(x, cfg, h, t)
+    return [local if i in cfg.local_layers else full for i in range(len(module.layers))]
+
+
 def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
            width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A Transformer's or EAGLE drafter's blocks on one bucket over its input embeddings h [R, S, dim], reading the
@@ -166,17 +188,17 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     width = width or k.shape[3]
     rots = layer_rotations(module, x.rotation or rows_rotation(module.rope_table[x.positions].to(h.dtype),
                                                                module.cfg.rope_layout), x.positions)
-    mask = step_attention(x, module.cfg, h, width)
+    masks = step_masks(x, module, h, width)
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     # each layer's condition K/V: the bucket's first R rows of the static buffer
     conds = [None] * len(module.layers) if cross is None else [(ck[:r], cv[:r]) for ck, cv in cross]
     if deferrable(module.cfg, h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
         f = None
         for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-            h, f = blk.deferred(h, f, rots[i], i, cache, mask, False, cond)
+            h, f = blk.deferred(h, f, rots[i], i, cache, masks[i], False, cond)
         return h, f
     for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-        h = blk(h, rots[i], i, cache, mask, False, cond)
+        h = blk(h, rots[i], i, cache, masks[i], False, cond)
     return h, None
 
 

@@ -12,7 +12,9 @@ from torch import nn
 
 from specgen.errors import ContextOverflowError
 from specgen.models import kernel_choice, native_block
-from specgen.models.attention import PLANS, NativePlan, invariant_attention, native_self_attention, plan
+from specgen.devices import host_tensor
+from specgen.models.attention import (PLANS, NativePlan, in_window, invariant_attention, key_positions,
+                                      native_self_attention, plan)
 from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import (PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, still, table_1d,
@@ -48,8 +50,9 @@ class TransformerConfig:
     embed_scale: float = 1.0  # Gemma: sqrt(dim); the input embeddings times this, rounded to their dtype (`embed`)
     ffn_act: str = "silu"  # the gate's activation (ACTIVATIONS): "silu" (SwiGLU), "gelu_tanh" (Gemma's GeGLU)
     sandwich_norms: bool = False  # Gemma: each sublayer's output normed before its residual add (Block)
-    local_layers: tuple[int, ...] = ()  # Gemma's sliding-attention layers: RoPE from the local table (`layer_rotations`)
-    local_rope_theta: float = 0.0  # the local layers' RoPE base (unscaled); set exactly when local_layers is
+    local_layers: tuple[int, ...] = ()  # the sliding-attention layers: `window` (`layer_masks`), Gemma's RoPE base
+    local_rope_theta: float = 0.0  # > 0: the local layers' own RoPE base (Gemma's, unscaled; `layer_rotations`)
+    window: int = 0  # > 0: a local layer's query at position p sees keys at p - window + 1 .. p (0: all, as before)
 
     def __post_init__(self) -> None:
         if self.num_classes and self.caption_dim:
@@ -77,20 +80,25 @@ class TransformerConfig:
                                  f"frequency of {self.rotary_dim} rotary dims): {str(factors)[:80]}")
 
     def check_gemma_fields(self) -> None:
-        """The fields Gemma adds: a positive embedding scale, a known activation, local layers that are layers (not
-        NoPE ones) with their own positive RoPE base, all in a 1D text model without cross-attention."""
+        """The fields Gemma adds: a positive embedding scale, a known activation, local (sliding) layers that are
+        layers with a window or their own positive RoPE base (then not NoPE ones), all in a 1D text model without
+        cross-attention."""
         object.__setattr__(self, "local_layers", tuple(self.local_layers))  # a JSON list, read back: one value
         if not (type(self.embed_scale) in (int, float) and 0 < self.embed_scale < math.inf):
             raise ValueError(f"embed_scale {self.embed_scale!r} is not a positive number")
         if self.ffn_act not in ACTIVATIONS:
             raise ValueError(f"ffn_act {self.ffn_act!r} is none of {', '.join(ACTIVATIONS)}")
+        turned = self.local_rope_theta > 0  # the local layers turn with their own table: none of them NoPE
         if list(self.local_layers) != sorted(set(self.local_layers)) or not all(
-                isinstance(i, int) and 0 <= i < self.n_layers and i not in self.nope_layers for i in self.local_layers):
+                isinstance(i, int) and 0 <= i < self.n_layers and not (turned and i in self.nope_layers)
+                for i in self.local_layers):
             raise ValueError(f"local_layers {list(self.local_layers)} must be distinct increasing layer numbers below "
-                             f"n_layers {self.n_layers}, none of them NoPE")
-        if bool(self.local_layers) != (self.local_rope_theta > 0):
-            raise ValueError(f"local_rope_theta {self.local_rope_theta} must be positive exactly when local_layers "
-                             "are given")
+                             f"n_layers {self.n_layers}, none of them NoPE where local_rope_theta is set")
+        if type(self.window) is not int or self.window < 0:
+            raise ValueError(f"window {self.window!r} is not a window size (a positive int, or 0: none)")
+        if bool(self.local_layers) != (turned or self.window > 0) or (self.local_rope_theta < 0):
+            raise ValueError(f"local_layers {list(self.local_layers)} need a window ({self.window}) or their own "
+                             f"positive local_rope_theta ({self.local_rope_theta}), and those need local_layers")
         if (self.local_layers or self.sandwich_norms) and (self.rope_grid or self.cross_dim):
             raise ValueError("local_layers and sandwich_norms are for 1D text models without cross-attention")
 
@@ -363,7 +371,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_table", rope_table(cfg), persistent=False)  # [P, 2, hd]
         if cfg.embed_scale != 1:  # float32 [] (`embed`), as transformers' buffer; on the CPU in a meta build too
             self.register_buffer("embed_scale", torch.tensor(float(cfg.embed_scale), device="cpu"), persistent=False)
-        if cfg.local_layers:  # [P, 2, hd]: the local layers' (`layer_rotations`)
+        if cfg.local_rope_theta:  # [P, 2, hd]: the local layers' (`layer_rotations`)
             self.register_buffer("local_rope_table", rope_table(cfg, local=True), persistent=False)
         self.graphs = None  # models/graphs.StepGraphs: cached forwards as CUDA-graph replays (graphs.attach)
 
@@ -417,10 +425,10 @@ class Transformer(nn.Module):
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`
         [B, 1, S, T] exposes pending slots of earlier forwards (multi-level trees) instead of the cache's mask."""
         rots = layer_rotations(self, forward_rotation(self, positions, h.dtype), positions)
-        mask, causal = forward_mask(self.cfg, h, cache, tree_mask, attn_mask)
+        masks, causal = layer_masks(self.cfg, h, positions, cache, tree_mask, attn_mask)
         cross = context_kv if cache is None else cache.cross
         for i, blk in enumerate(self.layers):
-            h = blk(h, rots[i], i, cache, mask, causal, None if cross is None else cross[i])
+            h = blk(h, rots[i], i, cache, masks[i], causal, None if cross is None else cross[i])
         return self.norm(h)
 
 
@@ -452,21 +460,67 @@ def layer_rotations(module, rot: Rotation, positions: torch.Tensor) -> list[Rota
     ones) the local table's rows at the same positions (the same kernels, another base)."""
     cfg = module.cfg
     kept = still(rot) if cfg.nope_layers else rot
-    local = rows_rotation(module.local_rope_table[positions].to(rot.cos.dtype), cfg.rope_layout) \
-        if cfg.local_layers else rot
+    if not cfg.local_rope_theta:  # local layers (if any) only slide: the forward's rotation, NoPE ones still
+        return [kept if i in cfg.nope_layers else rot for i in range(cfg.n_layers)]
+    local = rows_rotation(module.local_rope_table[positions].to(rot.cos.dtype), cfg.rope_layout)
     return [kept if i in cfg.nope_layers else local if i in cfg.local_layers else rot for i in range(cfg.n_layers)]
 
 
 def forward_mask(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache | None, tree_mask, attn_mask) -> tuple:
-    """(what every block of a forward over h [B, S, dim] attends with, causal): over a cache, an attention plan where
-    `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive mask (made once per
-    forward, not per layer); without one, the tree mask among the S tokens or causal."""
-    b, s = h.shape[:2]
+    """(what every full-attention block of a forward over h [B, S, dim] attends with, causal): over a cache, an
+    attention plan where `attention_path` is not sdpa (batch/width-invariant, models/attention.py) or SDPA's additive
+    mask (made once per forward, not per layer); without one, the tree mask among the S tokens or causal."""
+    s = h.shape[1]
     if cache is None:
         return (None, True) if tree_mask is None else (tree_mask.view(-1, 1, s, s), False)
     cache.check_room(s)
-    mask = cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
+    return attending(cfg, h, cache, slot_mask(cache, s, tree_mask, attn_mask)), False
+
+
+def slot_mask(cache: KVCache, s: int, tree_mask, attn_mask) -> torch.Tensor | None:
+    """The forward's visible slots [B, 1, S, T] bool over the cache (None: all): `attn_mask` with the cache's hidden
+    keys hidden, else the committed prefix and `tree_mask` among the S new nodes (cache.prefix_mask)."""
+    return cache.hide_keys(attn_mask) if attn_mask is not None else cache.prefix_mask(s, tree_mask)
+
+
+def attending(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache, mask: torch.Tensor | None,
+              start: torch.Tensor | None = None):
+    """What blocks attend with over the cache given the visible slots `mask` [B, 1, S, T] (None: all): the plan
+    (`attention.plan`; `start` [B, S]: a windowed mask's first visible positions) or SDPA's additive mask."""
+    b, s = h.shape[:2]
     if attention_path(h.dtype, h.device) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths), False
-    return (None if mask is None else additive_mask(mask)), False
+        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths, start)
+    return None if mask is None else additive_mask(mask)
+
+
+def layer_masks(cfg: TransformerConfig, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, tree_mask,
+                attn_mask) -> tuple[list, bool]:
+    """(each layer's mask or plan, causal): `forward_mask`'s for full-attention layers and, with a window, one more
+    for the local (sliding) layers: both made once per forward, each layer handed its own (as `layer_rotations`)."""
+    full, causal = forward_mask(cfg, h, cache, tree_mask, attn_mask)
+    if not cfg.window:
+        return [full] * cfg.n_layers, causal
+    if causal:  # no cache, no tree: the full layers' causal mask made explicit, as SDPA's is_causal is per forward
+        s = h.shape[1]
+        full = torch.ones(s, s, dtype=torch.bool, device=h.device).tril().view(1, 1, s, s)
+    local = local_mask(cfg, h, positions, cache, tree_mask, attn_mask)
+    return [local if i in cfg.local_layers else full for i in range(cfg.n_layers)], False
+
+
+def local_mask(cfg: TransformerConfig, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, tree_mask,
+               attn_mask):
+    """What the local layers attend with: the full mask and the window, by token positions (a query at position p
+    sees keys at p - window + 1 .. p), never by slots (a tree's nodes share positions). Without a cache: a bool mask
+    [B, 1, S, S] among the S tokens (positions [B, S]); over one, `attending`'s plan of the windowed slots."""
+    s = h.shape[1]
+    if cache is None:
+        seen = torch.ones(s, s, dtype=torch.bool, device=h.device).tril() if tree_mask is None else tree_mask
+        return seen.view(-1, 1, s, s) & in_window(positions, positions, cfg.window)
+    if attn_mask is not None or cache.key_mask is not None:  # a key's position is its slot's only in a text cache
+        raise ValueError("a sliding window over earlier forwards' pending slots or hidden keys is not implemented")
+    mask = slot_mask(cache, s, tree_mask, None)
+    t = max(cache.lengths) + s
+    near = in_window(positions, key_positions(host_tensor(cache.lengths, h.device), positions, t), cfg.window)
+    mask = near if mask is None else mask & near  # [B, 1, S, T]
+    return attending(cfg, h, cache, mask, (positions - (cfg.window - 1)).clamp_(min=0))

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from specgen import native
-from specgen.models.attention import CHUNK, NativePlan, invariant_attention, native_plan, plan
+from specgen.models.attention import (CHUNK, NativePlan, chain_plan, in_window, invariant_attention, native_plan,
+                                      plan)
 from specgen.models.kernel_choice import attention_path
 from specgen.models.prompt import prompt_mode
 
@@ -24,16 +25,16 @@ def backend(request, monkeypatch):
         yield request.param
 
 
-def make_plan(mask, b, s, t, h, hkv, d, dtype):
-    """The backend's plan: on the native backend the kernel's for either dtype."""
+def make_plan(mask, b, s, t, h, hkv, d, dtype, start=None):
+    """The backend's plan: on the native backend the kernel's for either dtype (`start`: a window's, `plan`)."""
     if native.library("attention") is not None:
         return native_plan(mask, b, s, t, h, d, dtype=dtype)
-    return plan(mask, b, s, t, h, hkv, d, "cpu", dtype)
+    return plan(mask, b, s, t, h, hkv, d, "cpu", dtype, start=start)
 
 
-def attention(q, k, v, mask):
+def attention(q, k, v, mask, start=None):
     b, h, s, d = q.shape
-    return invariant_attention(q, k, v, make_plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.dtype))
+    return invariant_attention(q, k, v, make_plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.dtype, start))
 
 
 def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend):
@@ -147,6 +148,76 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
         path = [j for j in range(s) if tree[i, j]]
         keys = list(range(prefix)) + [prefix + j for j in path]
         ar = attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys], None)
+        assert torch.equal(ar[:, :, 0], out[:, :, i]), i
+
+
+def windowed(vis: torch.Tensor, qpos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(vis [B, 1, S, T] with the window of queries at positions qpos [B, S] over keys at slots = positions, each
+    query's first visible position [B, S]) as transformer.local_mask makes them."""
+    b, _, _, t = vis.shape
+    keys = torch.arange(t).expand(b, t)
+    return vis & in_window(qpos, keys, window), (qpos - (window - 1)).clamp(min=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("window", [8, 150])  # 150: a window across a chunk boundary
+def test_a_windowed_query_depends_only_on_its_window(window, dtype):
+    """Sliding window: the keys a query's window leaves out add exact zeros. Its result is the same bits whatever
+    those keys hold, at every width (AR steps, chains), alone or in a batch; on the list kernel also with the
+    left-out keys absent. Control: the window changes the result."""
+    q, k, v, vis = case(3, t=300, dtype=dtype)
+    b, s, t = 2, q.shape[2], 300
+    qpos = (t - s + torch.arange(s)).expand(b, s)
+    wvis, start = windowed(vis, qpos, window)
+    full = attention(q, k, v, wvis, start)
+    assert not torch.equal(full, attention(q, k, v, vis))
+    unseen = ~wvis.any(2)[:, 0]  # [B, T]: the slots no query's window holds
+    k2, v2 = k.clone(), v.clone()
+    k2.transpose(1, 2)[unseen], v2.transpose(1, 2)[unseen] = 7.0, -3.0  # other keys and values where none looks
+    assert torch.equal(attention(q, k2, v2, wvis, start), full)
+    for w in (1, 2, 5):  # AR steps and chains of w tokens: keys up to the last one's slot
+        parts = [attention(q[:, :, i : i + w], k[:, :, : t - s + i + w], v[:, :, : t - s + i + w],
+                           wvis[:, :, i : i + w, : t - s + i + w], start[:, i : i + w]) for i in range(0, s - w + 1, w)]
+        got = torch.cat(parts, 2)
+        assert torch.equal(got, full[:, :, : got.shape[2]]), w
+    assert torch.equal(attention(q[1:], k[1:], v[1:], wvis[1:], start[1:]), full[1:])  # alone vs in a batch of 2
+    if native.library("attention") is None:  # chunked: AR's layout is the slots', as a static step's chain plan reads
+        assert torch.equal(invariant_attention(q, k, v, chain_plan(wvis, b, s, t, 6, 2, 32)), full)
+    if native.library("attention") is not None:  # lists: the last query's window alone, no key before it
+        lo = t - window
+        alone = attention(q[:, :, -1:], k[:, :, lo:], v[:, :, lo:], None)
+        assert torch.equal(alone, full[:, :, -1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("window", [3, 7, 140])  # 3: a window inside the branch (no committed key in it)
+def test_a_windowed_tree_query_gets_exactly_its_ar_result(window, dtype):
+    """A side-branch query of a tree over a sliding window (its window by positions: the prefix's slots and its
+    ancestors at slots past its siblings) gets bitwise its AR step's result: AR's cache holds the same keys at slots
+    = positions, windowed there."""
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, d, s, prefix = 6, 2, 32, 10, 180
+    q, k, v = (torch.randn(1, n, m, d, generator=g).to(dtype)
+               for n, m in ((heads, s), (kv_heads, prefix + s), (kv_heads, prefix + s)))
+    parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
+    depth = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4])
+    tree = torch.zeros(s, s, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        tree[i, i] = True
+        while par >= 0:
+            tree[i, par] = True
+            par = parents[par]
+    mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
+    mask[..., prefix:] = tree
+    qpos = (prefix + depth)[None]  # [1, S]
+    keys = torch.cat([torch.arange(prefix), prefix + depth])[None]  # [1, T]: each slot's position
+    wmask = mask & in_window(qpos, keys, window)
+    out = attention(q, k, v, wmask, (qpos - (window - 1)).clamp(min=0))
+    for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path at slots = positions
+        slots = list(range(prefix)) + [prefix + j for j in range(s) if tree[i, j]]
+        p = prefix + int(depth[i])
+        ar_vis, ar_start = windowed(torch.ones(1, 1, 1, p + 1, dtype=torch.bool), torch.tensor([[p]]), window)
+        ar = attention(q[:, :, i : i + 1], k[:, :, slots], v[:, :, slots], ar_vis, ar_start)
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i
 
 

@@ -18,7 +18,8 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import LLAMA3, SMOLLM3, assert_same, gemma3_model, hf_model, logits, tokens
+from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma3_model, hf_model, logits,
+                                          tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -152,9 +153,10 @@ def test_a_smollm3_gguf_skips_rope_on_every_fourth_layer_as_llama_cpp_does(no_ro
 
 
 @pytest.mark.parametrize("window,context", [(None, 256), (100, 100), (4096, 256), (0, None)])
-def test_a_gguf_sliding_window_caps_the_context_as_an_hf_folders_does(window, context, tmp_path):
-    """A GGUF naming a sliding window (Mistral's) was refused; below the window every key is in it, so the context is
-    capped there, as for an HF folder, and the model is the same; a window that is no positive count is refused."""
+def test_a_gguf_sliding_window_of_unplaced_layers_caps_the_context(window, context, tmp_path):
+    """A llama GGUF naming a sliding window (Mistral's) names no layers that slide (gemma3's are its local ones):
+    below the window every key is in it, so the context is capped there and the model is the same; a window that is
+    no positive count is refused."""
     theirs = hf_model("LlamaForCausalLM", tie_word_embeddings=False)
     theirs.save_pretrained(tmp_path / "hf")
     loaded = load_hf_folder(tmp_path / "hf")
@@ -273,25 +275,28 @@ def gemma3_gguf(tmp_path, **keys) -> tuple:
                           rope_scaling={"rope_type": "linear", "factor": 4.0})
     theirs.save_pretrained(tmp_path / "hf")
     loaded = load_hf_folder(tmp_path / "hf")
-    write_gguf(tmp_path / "g.gguf", loaded.cfg, loaded.state, arch="gemma3", sliding_window=128,
+    write_gguf(tmp_path / "g.gguf", loaded.cfg, loaded.state, arch="gemma3", sliding_window=loaded.cfg.window,
                rope_scaling_type=RopeScalingType.LINEAR, rope_scaling_factor=4.0, **keys)
     return theirs, tmp_path / "g.gguf"
 
 
 def test_a_gemma3_gguf_decodes_as_transformers_gemma3(tmp_path):
     """A gemma3 GGUF (norms with the converter's + 1, q/k norms, post-attention and post-FFN norms, no key for the
-    local layers, their base or the attention scale: llama.cpp fixes them) gives transformers' logits, and so does
-    the hf row's export of it. Controls: one RoPE base in every layer, or no embedding scale, differ."""
+    local layers, their base or the attention scale: llama.cpp fixes them; the window of 16 over 100 tokens) gives
+    transformers' logits, uncached and through a cache, and so does the hf row's export of it. Controls: one RoPE
+    base in every layer, no window, or no embedding scale, differ."""
     theirs, path = gemma3_gguf(tmp_path)
     loaded = load_gguf(path)
     ours = Transformer(loaded.cfg).eval()
     assert ours.load_state_dict(loaded.state, strict=False) == (["output.weight"], [])  # tied: the embedding's
-    # the HF folder's config, window cap included (but the epsilon, a float32 key)
+    # the HF folder's config, its window and context included (but the epsilon, a float32 key)
     assert dataclasses.replace(loaded.cfg, norm_eps=1e-6) == load_hf_folder(tmp_path / "hf").cfg
+    assert (loaded.cfg.window, loaded.cfg.max_seq_len) == (16, 256)
     x = tokens(100)
     assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
     assert_same(to_hf(ours), theirs, x)
-    for over in (dict(local_layers=(), local_rope_theta=0.0), dict(embed_scale=1.0)):
+    for over in (dict(local_rope_theta=0.0), dict(window=0), dict(embed_scale=1.0)):
         wrong = Transformer(dataclasses.replace(loaded.cfg, **over)).eval()
         wrong.load_state_dict(loaded.state, strict=False)
         assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)

@@ -20,7 +20,7 @@ from specgen.models import graphs, kernel_choice, static_step
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
-from tests.conftest import GEMMA, LOSSLESS_TEXT, method_drafter, tiny_model
+from tests.conftest import GEMMA, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -145,6 +145,26 @@ def test_a_step_that_reads_the_host_fails_the_check():
 
     with pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
+
+
+@pytest.mark.parametrize("name", LOSSLESS_TEXT)
+@pytest.mark.parametrize("kind", SLIDING)
+def test_a_sliding_window_target_keeps_every_lossless_method_on_ar_eager_and_static(name, kind):
+    """A target whose local layers slide (window 5-6), decoding 40 tokens after prompts of 12 and 7 (a batch of rows
+    of different lengths): each lossless text method equals eager AR, eagerly and as static steps (their local
+    layers' masks by the nodes' positions, built from device tensors). Control: without the window the tokens
+    differ."""
+    prompts, over = [PROMPT, PROMPT[:7]], SLIDING[kind]
+    eager = run_batch(ModelTarget(tiny_model(0, **over)), lambda i: EmptyDrafter(), prompts, 40, SamplingParams())
+    make = lambda i: method_drafter(name, 0, False)  # noqa: E731
+    static = tiny_model(0, **over)
+    for target in (ModelTarget(tiny_model(0, **over)), static_target(static)):
+        got = run_batch(target, make, prompts, 40, SamplingParams())
+        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
+    assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
+    full = {**over, "window": 0, "local_layers": over["local_layers"] if "local_rope_theta" in over else ()}
+    other = run_batch(ModelTarget(tiny_model(0, **full)), lambda i: EmptyDrafter(), prompts, 40, SamplingParams())
+    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]
 
 
 @pytest.mark.parametrize("name", LOSSLESS_TEXT)

@@ -136,21 +136,51 @@ def test_dynamic_ntk_is_exact_within_the_context(tmp_path):
         logits(ours, tokens(49))
 
 
+def cached_logits(model: Transformer, x: torch.Tensor, chunks=(13, 1, 1, 7, 2, 30)) -> torch.Tensor:
+    """The logits [1, N, V] of x [1, N] fed through a KV cache in chunks (the last one takes the rest): a prompt,
+    single steps and chains, each over the committed slots (the list kernel's plans on a CPU)."""
+    cache, out, at = model.new_cache(1, x.shape[1]), [], 0
+    with torch.no_grad():
+        for i, n in enumerate(chunks):
+            n = x.shape[1] - at if i == len(chunks) - 1 else n
+            out.append(model(x[:, at : at + n], torch.arange(at, at + n)[None], cache)[0])
+            cache.commit(0, list(range(n)))
+            at += n
+    return torch.cat(out, 1)
+
+
+def assert_windowed(ours: Transformer, theirs, n: int = 80) -> None:
+    """Over n tokens (several windows) specgen's logits equal transformers' uncached, through a cache and from its
+    `hf` export; control: the same model without its window differs (> 1e-2), so the window is what matched."""
+    x = tokens(n)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    unwindowed = dataclasses.replace(ours.cfg, window=0, local_layers=ours.cfg.local_layers
+                                     if ours.cfg.local_rope_theta else ())
+    wrong = Transformer(unwindowed).eval()
+    wrong.load_state_dict(ours.state_dict())
+    assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("arch,over", [
-    ("MistralForCausalLM", dict(sliding_window=24)),
-    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=24, max_window_layers=1)),
-    ("Phi3ForCausalLM", dict(sliding_window=24, pad_token_id=0)),  # Phi-3-mini-4k's 2047, every layer
-    ("SmolLM3ForCausalLM", dict(SMOLLM3, use_sliding_window=True, sliding_window=24)),  # its NoPE layer slides
+    ("MistralForCausalLM", dict(sliding_window=8)),
+    ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),  # layer 1 slides
+    ("Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=8, num_hidden_layers=3,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    ("Phi3ForCausalLM", dict(sliding_window=8, pad_token_id=0)),  # Phi-3-mini-4k's 2047, every layer
+    ("SmolLM3ForCausalLM", dict(SMOLLM3, use_sliding_window=True, sliding_window=8)),  # its NoPE layer slides
 ])
-def test_sliding_window_caps_the_context(arch, over, tmp_path):
-    """Below its window sliding attention is full attention: the context is capped there, longer is refused."""
+def test_sliding_layers_slide_as_transformers(arch, over, tmp_path):
+    """The layers each class slides attend over their window (a query at p sees keys p - window + 1 .. p), the others
+    over everything; the context is the checkpoint's, no longer capped at the window."""
     theirs = hf_model(arch, **over)
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
-    assert ours.cfg.max_seq_len == 24
-    assert_same(ours, theirs, tokens(24))
-    with pytest.raises(ContextOverflowError):
-        logits(ours, tokens(25))
+    kinds = theirs.config.layer_types if hasattr(theirs.config, "layer_types") else ["sliding_attention"] * 2
+    assert ours.cfg.max_seq_len == 256 and ours.cfg.window == 8
+    assert ours.cfg.local_layers == tuple(i for i, kind in enumerate(kinds) if kind == "sliding_attention")
+    assert_windowed(ours, theirs)
 
 
 @pytest.mark.parametrize("partial", [{}, dict(hidden_size=64, partial_rotary_factor=0.5)])  # Phi-4-mini's kind
@@ -209,9 +239,9 @@ def test_a_fused_product_that_does_not_split_as_its_config_says_is_named(tmp_pat
 
 def test_qwen2_window_unused_when_sliding_is_off():
     raw = {**SHAPE, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False, "sliding_window": 16}
-    assert hf_config(raw).max_seq_len == 256
+    assert (hf_config(raw).window, hf_config(raw).local_layers) == (0, ())
     raw |= {"use_sliding_window": True, "max_window_layers": 2}  # no layer at or past max_window_layers
-    assert hf_config(raw).max_seq_len == 256
+    assert (hf_config(raw).window, hf_config(raw).local_layers) == (0, ())
 
 
 def test_context_above_the_cap_is_capped_and_refused_beyond():
@@ -348,11 +378,13 @@ def test_a_null_num_key_value_heads_is_read_as_transformers_reads_it(arch):
                                          (dict(use_sliding_window=True, sliding_window=None), None)])
 def test_a_smollm3_config_without_layer_types_slides_its_nope_layers_as_transformers_derives(over, window):
     """Without `layer_types` transformers slides the NoPE layers where use_sliding_window and a window are set (3
-    layers: no NoPE layer, nothing slides); the context is capped where some layer slides."""
+    layers: no NoPE layer, nothing slides); the context stays the checkpoint's."""
     raw = {**SHAPE, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 4, **over}
     theirs = transformers.SmolLM3Config(**raw)
     assert ("sliding_attention" in theirs.layer_types) == (window is not None)
-    assert hf_config(raw).max_seq_len == (window or 256)
+    cfg = hf_config(raw)
+    assert (cfg.max_seq_len, cfg.window) == (256, window or 0)
+    assert cfg.local_layers == tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
 
 
 @pytest.mark.parametrize("factor,dims", [(0.4, 3), (0.0, 0), (1.5, 12)])
@@ -478,9 +510,9 @@ def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_folder(tmp_path):
     assert not (registry.checkpoints_dir() / "target" / "m").exists()
 
 
-# Gemma 3 text over 7 layers: layer 5 global (the default pattern), the others local with their own RoPE base; a
-# query_pre_attn_scalar other than the head size; sequences below the window (128), where sliding attention is full
-GEMMA3 = dict(num_hidden_layers=7, head_dim=16, query_pre_attn_scalar=24, sliding_window=128, rope_theta=1000.0,
+# Gemma 3 text over 7 layers: layer 5 global (the default pattern), the others local with their own RoPE base and a
+# window of 16 (sequences of 100 tokens: several windows); a query_pre_attn_scalar other than the head size
+GEMMA3 = dict(num_hidden_layers=7, head_dim=16, query_pre_attn_scalar=24, sliding_window=16, rope_theta=1000.0,
               rope_local_base_freq=100.0, pad_token_id=0, bos_token_id=0, eos_token_id=0)
 GEMMA3_CASES = {"gemma3": {}, "gemma3-linear": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
                 "gemma3-untied-head-size-scalar": dict(tie_word_embeddings=False, query_pre_attn_scalar=16)}
@@ -500,12 +532,14 @@ def gemma3_model(**over):
 
 def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
     """The loaded model with one Gemma detail undone each: no norm offsets, no embedding scale, one RoPE base in
-    every layer, and (where the checkpoint's query_pre_attn_scalar is not its head size) the head size's scale."""
+    every layer, no window (the local layers attending fully), and (where the checkpoint's query_pre_attn_scalar is
+    not its head size) the head size's scale."""
     cfg, state = ours.cfg, ours.state_dict()
     scale = (cfg.hd / scalar) ** 0.5  # folded into q's norm at load
     wrong = {"offsets": (cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
              "embed_scale": (dataclasses.replace(cfg, embed_scale=1.0), state),
-             "one_base": (dataclasses.replace(cfg, local_layers=(), local_rope_theta=0.0), state)}
+             "one_base": (dataclasses.replace(cfg, local_rope_theta=0.0), state),  # the local layers still slide
+             "no_window": (dataclasses.replace(cfg, window=0), state)}
     if scale != 1:
         wrong["scalar"] = (cfg, {k: v / scale if k.endswith("q_norm.weight") else v for k, v in state.items()})
     out = {}
@@ -518,25 +552,27 @@ def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
 @pytest.mark.parametrize("case", GEMMA3_CASES)
 def test_gemma3_logits_equal_transformers(case, tmp_path):
     """Gemma 3 text loads exactly: norm offsets and the attention scale folded into the weights, the scaled
-    embedding, GeGLU, sandwich and q/k norms, the local layers' own RoPE base, the global layers' scaling; the context
-    is capped at the window. Controls: each detail undone is visibly wrong."""
+    embedding, GeGLU, sandwich and q/k norms, the local layers' own RoPE base and window, the global layers' scaling;
+    the context is the checkpoint's (256), not the window. Controls: each detail undone is visibly wrong."""
     theirs = gemma3_model(**GEMMA3_CASES[case])
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
-    assert ours.cfg.max_seq_len == 128 and ours.cfg.local_layers == (0, 1, 2, 3, 4, 6)
+    assert ours.cfg.max_seq_len == 256 and ours.cfg.local_layers == (0, 1, 2, 3, 4, 6) and ours.cfg.window == 16
     x = tokens(100)
     assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
     exported = to_hf(ours)  # the `hf` benchmark row's export: transformers' Gemma 3 with the same math
     assert type(exported).__name__ == "Gemma3ForCausalLM"
     assert_same(ours, exported, x)
     controls = gemma3_controls(ours, theirs.config.query_pre_attn_scalar)
-    assert len(controls) == (3 if case == "gemma3-untied-head-size-scalar" else 4)
+    assert len(controls) == (4 if case == "gemma3-untied-head-size-scalar" else 5)
     for name, wrong in controls.items():
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
 
 
 def test_gemma3_greedy_decode_equals_transformers_greedy(tmp_path):
-    """AR through specgen's decode loop (KV cache, native CPU attention) equals transformers' greedy continuation."""
+    """AR through specgen's decode loop (KV cache, native CPU attention) equals transformers' greedy continuation,
+    past the window (a 40-token prompt, window 16)."""
     theirs = gemma3_model(**GEMMA3_CASES["gemma3-linear"])
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
@@ -573,7 +609,8 @@ def test_a_gemma3_config_without_its_keys_takes_transformers_class_defaults():
     assert cfg.local_rope_theta == theirs.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
     assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
     assert cfg.local_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10)
-    assert cfg.max_seq_len == theirs.sliding_window == 4096 and theirs.query_pre_attn_scalar == cfg.hd
+    assert cfg.window == theirs.sliding_window == 4096 and theirs.query_pre_attn_scalar == cfg.hd
+    assert cfg.max_seq_len == 8192  # the cap (llama.MAX_CONTEXT), not the window
     assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and cfg.sandwich_norms and cfg.qk_norm
 
 

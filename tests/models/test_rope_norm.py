@@ -92,10 +92,28 @@ def test_nope_layers_that_are_not_layers_are_refused(layers):
                                        (dict(local_layers=(1,)), "local_rope_theta"),
                                        (dict(local_rope_theta=10.0), "local_rope_theta"),
                                        (dict(embed_scale=0.0), "embed_scale"), (dict(ffn_act="relu"), "ffn_act"),
-                                       (dict(sandwich_norms=True, cross_dim=8), "sandwich_norms")])
+                                       (dict(sandwich_norms=True, cross_dim=8), "sandwich_norms"),
+                                       (dict(window=8), "window"), (dict(local_layers=(0,), window=-1), "window"),
+                                       (dict(local_layers=(0,), window=2.5), "window"),
+                                       (dict(local_layers=(0,), window=4, rope_grid=4), "local_layers")])
 def test_gemma_fields_that_build_no_model_are_refused(over, says):
     with pytest.raises(ValueError, match=says):
         tiny_model(0, **over)
+
+
+def test_a_sliding_config_reads_back_from_json_and_an_old_one_without_a_window_loads():
+    """`window` survives JSON; a config saved before it (no key) loads with none (its local layers attend fully, as
+    they did under the old context cap); NoPE layers may slide where no local base turns them (SmolLM3's)."""
+    import json
+
+    from specgen.models.transformer import TransformerConfig
+    from tests.conftest import GEMMA, SLIDING
+
+    for over in (*SLIDING.values(), dict(nope_layers=(1,), local_layers=(1,), window=4)):
+        cfg = tiny_model(0, **over).cfg
+        assert TransformerConfig(**json.loads(json.dumps(cfg.to_dict()))) == cfg
+    old = {k: v for k, v in tiny_model(0, **GEMMA).cfg.to_dict().items() if k != "window"}
+    assert TransformerConfig(**old).window == 0
 
 
 def test_a_local_layer_turns_with_its_own_base_and_a_gemma_config_reads_back_from_json():
