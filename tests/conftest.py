@@ -124,6 +124,11 @@ GEMMA = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, qk_n
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}
 
 
+def unwindowed(over: dict) -> dict:
+    """A SLIDING target's overrides without its window (Gemma's local layers keep their own RoPE base)."""
+    return {**over, "window": 0, "local_layers": over["local_layers"] if "local_rope_theta" in over else ()}
+
+
 def tiny_model(seed: int = 0, **over) -> Transformer:
     """A random tiny model whose logits are peaked enough to make drafts matter."""
     torch.manual_seed(seed)

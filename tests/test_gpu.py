@@ -18,7 +18,8 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
-from tests.conftest import GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model
+from tests.conftest import (GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model,
+                            unwindowed)
 
 pytestmark = pytest.mark.gpu
 
@@ -182,51 +183,28 @@ def test_captured_steps_decode_what_eager_ar_decodes(method, defaults, batch):
     assert steps.replays > 0 and steps.eager_calls == 0 and steps.graph_bytes > 0
 
 
+# targets whose blocks differ from Llama's, each with `tiny_model`'s overrides and the new tokens it decodes
+TARGETS = {
+    # SmolLM3's NoPE layers (layer 1 here) through the Triton rope with a still rotation
+    "nope": (dict(nope_layers=(1,)), NEW),
+    # Gemma 3's block: scaled embedding, GeGLU without the fused SwiGLU gate, sandwich and q/k norms without the
+    # fused residual norms, a local layer's own RoPE table
+    "gemma": (GEMMA, NEW),
+    # local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
+    # windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read)
+    **{f"sliding-{kind}": (over, 40) for kind, over in SLIDING.items()},
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("method", LOSSLESS_TEXT)
-def test_captured_steps_of_a_nope_target_decode_what_eager_ar_decodes(method):
-    """SmolLM3's NoPE layers (layer 1 here) through the Triton rope with a still rotation: captured equals eager AR."""
+def test_captured_steps_of_other_blocks_decode_what_eager_ar_decodes(method, target):
+    """Captured steps of each TARGETS block equal eager AR; control (sliding targets): without the window eager AR
+    decodes other tokens."""
     from specgen.methods import run_batch
     from specgen.models import graphs
 
-    model = tiny_model(0, nope_layers=(1,))
-    gpu = target_on(model, "cuda")
-    eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
-    steps = graphs.attach(model, "on")
-    try:
-        res = run_batch(gpu, lambda i: method_drafter(method, 0, True), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
-    finally:
-        graphs.attach(model, "off")
-    assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
-
-
-@pytest.mark.parametrize("method", LOSSLESS_TEXT)
-def test_captured_steps_of_a_gemma_target_decode_what_eager_ar_decodes(method):
-    """Gemma 3's block (scaled embedding, GeGLU without the fused SwiGLU gate, sandwich and q/k norms without the
-    fused residual norms, a local layer's own RoPE table) in captured steps: captured equals eager AR."""
-    from specgen.methods import run_batch
-    from specgen.models import graphs
-
-    model = tiny_model(0, **GEMMA)
-    gpu = target_on(model, "cuda")
-    eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
-    steps = graphs.attach(model, "on")
-    try:
-        res = run_batch(gpu, lambda i: method_drafter(method, 0, True), [PROMPT, PROMPT[:7]], NEW, SamplingParams())
-    finally:
-        graphs.attach(model, "off")
-    assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
-
-
-@pytest.mark.parametrize("kind", SLIDING)
-@pytest.mark.parametrize("method", LOSSLESS_TEXT)
-def test_captured_steps_of_a_sliding_window_target_decode_what_eager_ar_decodes(method, kind):
-    """Local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
-    windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read) and equal eager
-    AR; control: without the window eager AR decodes other tokens."""
-    from specgen.methods import run_batch
-    from specgen.models import graphs
-
-    over, new = SLIDING[kind], 40
+    over, new = TARGETS[target]
     model = tiny_model(0, **over)
     gpu = target_on(model, "cuda")
     eager = run_batch(gpu, lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], new, SamplingParams())
@@ -236,10 +214,11 @@ def test_captured_steps_of_a_sliding_window_target_decode_what_eager_ar_decodes(
     finally:
         graphs.attach(model, "off")
     assert [r.tokens for r in res.results] == [r.tokens for r in eager.results] and steps.replays > 0
-    full = tiny_model(0, **{**over, "window": 0, "local_layers": over["local_layers"] if "local_rope_theta" in over
-                            else ()})
-    other = run_batch(target_on(full, "cuda"), lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], new, SamplingParams())
-    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]
+    if over.get("window"):
+        full = tiny_model(0, **unwindowed(over))
+        other = run_batch(target_on(full, "cuda"), lambda i: EmptyDrafter(), [PROMPT, PROMPT[:7]], new,
+                          SamplingParams())
+        assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]
 
 
 def test_captured_steps_across_width_buckets_and_a_failed_capture_decode_what_eager_ar_decodes(monkeypatch):

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from specgen.decoding.cost import Tokens
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import DrafterBase, DraftVerify, judge
 from specgen.decoding.pool import PoolBase, RowStep
@@ -84,21 +85,13 @@ class EagleTreeDrafter(DrafterBase):
 
 
 @dataclass(frozen=True)
-class DrafterForward:
+class DrafterForward(Tokens):
     """`cost.Timed` of a feature drafter's forward as a tree level runs it: the net over tokens and features (zeros: the
     values do not change the time) after a committed prefix, then the target's LM head `head` on its output (every
     level scores its nodes' children with it; the catch-up needs only its last row's: a slight overcount there)."""
 
-    module: torch.nn.Module  # the drafter net (EagleNet)
+    module: torch.nn.Module  # the drafter net (EagleNet): its limit and vocabulary read as a Transformer's
     head: torch.nn.Module
-
-    @property
-    def limit(self) -> int:
-        return self.module.cfg.max_seq_len
-
-    @property
-    def vocab(self) -> int:
-        return self.module.cfg.vocab_size
 
     def describe(self) -> str:
         dtypes = sorted({str(t.dtype) for t in self.head.state_dict().values()})

@@ -20,7 +20,7 @@ from specgen.models import graphs, kernel_choice, static_step
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
-from tests.conftest import GEMMA, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model
+from tests.conftest import GEMMA, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model, unwindowed
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -147,58 +147,34 @@ def test_a_step_that_reads_the_host_fails_the_check():
         fake_step(tiny_model(0), Bucket(1, 4, 64), reads)
 
 
+# targets whose blocks differ from Llama's: (`tiny_model`'s overrides, new tokens, controls: overrides that each
+# change the tokens)
+TARGETS = {
+    "nope": (dict(nope_layers=(1,)), 24, [{}]),  # SmolLM3-style: layer 1 without RoPE
+    # Gemma 3: scaled embedding, GeGLU, sandwich and q/k norms, a local layer with its own RoPE base; the scale and
+    # the local base each change the tokens
+    "gemma": (GEMMA, 24, [{**GEMMA, "embed_scale": 1.0}, {**GEMMA, "local_layers": (1,)}]),
+    # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
+    **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
+}
+
+
+@pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("name", LOSSLESS_TEXT)
-@pytest.mark.parametrize("kind", SLIDING)
-def test_a_sliding_window_target_keeps_every_lossless_method_on_ar_eager_and_static(name, kind):
-    """A target whose local layers slide (window 5-6), decoding 40 tokens after prompts of 12 and 7 (a batch of rows
-    of different lengths): each lossless text method equals eager AR, eagerly and as static steps (their local
-    layers' masks by the nodes' positions, built from device tensors). Control: without the window the tokens
-    differ."""
-    prompts, over = [PROMPT, PROMPT[:7]], SLIDING[kind]
-    eager = run_batch(ModelTarget(tiny_model(0, **over)), lambda i: EmptyDrafter(), prompts, 40, SamplingParams())
+def test_other_blocks_keep_every_lossless_method_on_ar_eager_and_static(name, target):
+    """Each TARGETS block with each lossless text method equals eager AR of a batch of rows of different lengths,
+    eagerly and as static steps (which scale, norm, turn and mask their layers as eager forwards do: a sliding layer's
+    mask by the nodes' positions, built from device tensors). Controls: each changes the tokens."""
+    (over, new, controls), prompts = TARGETS[target], [PROMPT, PROMPT[:7]]
+    eager = run_batch(ModelTarget(tiny_model(0, **over)), lambda i: EmptyDrafter(), prompts, new, SamplingParams())
     make = lambda i: method_drafter(name, 0, False)  # noqa: E731
     static = tiny_model(0, **over)
     for target in (ModelTarget(tiny_model(0, **over)), static_target(static)):
-        got = run_batch(target, make, prompts, 40, SamplingParams())
+        got = run_batch(target, make, prompts, new, SamplingParams())
         assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
     assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
-    full = {**over, "window": 0, "local_layers": over["local_layers"] if "local_rope_theta" in over else ()}
-    other = run_batch(ModelTarget(tiny_model(0, **full)), lambda i: EmptyDrafter(), prompts, 40, SamplingParams())
-    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]
-
-
-@pytest.mark.parametrize("name", LOSSLESS_TEXT)
-def test_nope_layers_keep_every_lossless_method_on_ar_eager_and_static(name):
-    """A SmolLM3-style target (layer 1 without RoPE): each lossless text method equals eager AR, eagerly and as
-    static steps (the static step turns its layers as the eager forward does)."""
-    prompts = [PROMPT, PROMPT[:7]]
-    eager = run_batch(ModelTarget(tiny_model(0, nope_layers=(1,))), lambda i: EmptyDrafter(), prompts, 24,
-                      SamplingParams())
-    make = lambda i: method_drafter(name, 0, False)  # noqa: E731
-    static = tiny_model(0, nope_layers=(1,))
-    for target in (ModelTarget(tiny_model(0, nope_layers=(1,))), static_target(static)):
-        got = run_batch(target, make, prompts, 24, SamplingParams())
-        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
-    assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
-    other = run_batch(ModelTarget(tiny_model(0)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
-    assert [r.tokens for r in other.results] != [r.tokens for r in eager.results]  # control: NoPE changes tokens
-
-
-@pytest.mark.parametrize("name", LOSSLESS_TEXT)
-def test_a_gemma_target_keeps_every_lossless_method_on_ar_eager_and_static(name):
-    """A Gemma 3 target (scaled embedding, GeGLU, sandwich and q/k norms, a local layer with its own RoPE base): each
-    lossless text method equals eager AR, eagerly and as static steps (which scale, norm and turn as eager forwards)."""
-    prompts = [PROMPT, PROMPT[:7]]
-    eager = run_batch(ModelTarget(tiny_model(0, **GEMMA)), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
-    make = lambda i: method_drafter(name, 0, False)  # noqa: E731
-    static = tiny_model(0, **GEMMA)
-    for target in (ModelTarget(tiny_model(0, **GEMMA)), static_target(static)):
-        got = run_batch(target, make, prompts, 24, SamplingParams())
-        assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
-    assert static.graphs.replays > 0 and static.graphs.eager_calls == 0
-    for key in ("embed_scale", "local_layers"):  # controls: the scale and the local base each change the tokens
-        other = tiny_model(0, **{**GEMMA, key: 1.0 if key == "embed_scale" else (1,)})
-        got = run_batch(ModelTarget(other), lambda i: EmptyDrafter(), prompts, 24, SamplingParams())
+    for other in controls:
+        got = run_batch(ModelTarget(tiny_model(0, **other)), lambda i: EmptyDrafter(), prompts, new, SamplingParams())
         assert [r.tokens for r in got.results] != [r.tokens for r in eager.results]
 
 
