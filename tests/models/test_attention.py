@@ -37,6 +37,21 @@ def attention(q, k, v, mask, start=None):
     return invariant_attention(q, k, v, make_plan(mask, b, s, k.shape[2], h, k.shape[1], d, q.dtype, start))
 
 
+def two_branch_tree(prefix: int) -> torch.Tensor:
+    """[1, 1, 10, prefix + 10] bool: every prefix slot, then a tree of 10 inputs, its main chain at inputs 0..4 and a
+    side branch at 5..9 (each input sees itself and its ancestors)."""
+    parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]
+    tree = torch.zeros(10, 10, dtype=torch.bool)
+    for i, par in enumerate(parents):
+        tree[i, i] = True
+        while par >= 0:
+            tree[i, par] = True
+            par = parents[par]
+    mask = torch.ones(1, 1, 10, prefix + 10, dtype=torch.bool)
+    mask[..., prefix:] = tree
+    return mask
+
+
 def test_bfloat16_and_float32_on_a_cpu_take_the_native_path_where_it_is_built(backend):
     for dtype in (torch.bfloat16, torch.float32):
         assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype), NativePlan) == (backend == "native")
@@ -132,20 +147,12 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
     heads, kv_heads, d, s = 9, 3, 64, 10
     q, k, v = (torch.randn(1, n, m, d, generator=g).to(dtype)
                for n, m in ((heads, s), (kv_heads, prefix + s), (kv_heads, prefix + s)))
-    parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
-    tree = torch.zeros(s, s, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        tree[i, i] = True
-        while par >= 0:
-            tree[i, par] = True
-            par = parents[par]
-    mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
-    mask[..., prefix:] = tree
+    mask = two_branch_tree(prefix)
     tree_plan = make_plan(mask, 1, s, prefix + s, heads, kv_heads, d, dtype)
     assert isinstance(tree_plan, NativePlan) or tree_plan.shared_chunks == prefix // CHUNK
     out = invariant_attention(q, k, v, tree_plan)
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path, contiguous
-        path = [j for j in range(s) if tree[i, j]]
+        path = [j for j in range(s) if mask[0, 0, i, prefix + j]]
         keys = list(range(prefix)) + [prefix + j for j in path]
         ar = attention(q[:, :, i : i + 1], k[:, :, keys], v[:, :, keys], None)
         assert torch.equal(ar[:, :, 0], out[:, :, i]), i
@@ -199,22 +206,13 @@ def test_a_windowed_tree_query_gets_exactly_its_ar_result(window, dtype):
     heads, kv_heads, d, s, prefix = 6, 2, 32, 10, 180
     q, k, v = (torch.randn(1, n, m, d, generator=g).to(dtype)
                for n, m in ((heads, s), (kv_heads, prefix + s), (kv_heads, prefix + s)))
-    parents = [-1, 0, 1, 2, 3, -1, 5, 6, 7, 8]  # main chain at inputs 0..4, a side branch at inputs 5..9
-    depth = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4])
-    tree = torch.zeros(s, s, dtype=torch.bool)
-    for i, par in enumerate(parents):
-        tree[i, i] = True
-        while par >= 0:
-            tree[i, par] = True
-            par = parents[par]
-    mask = torch.ones(1, 1, s, prefix + s, dtype=torch.bool)
-    mask[..., prefix:] = tree
+    mask, depth = two_branch_tree(prefix), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3, 4])
     qpos = (prefix + depth)[None]  # [1, S]
     keys = torch.cat([torch.arange(prefix), prefix + depth])[None]  # [1, T]: each slot's position
     wmask = mask & in_window(qpos, keys, window)
     out = attention(q, k, v, wmask, (qpos - (window - 1)).clamp(min=0))
     for i in range(5, s):  # each side-branch query against AR: keys = prefix + its path at slots = positions
-        slots = list(range(prefix)) + [prefix + j for j in range(s) if tree[i, j]]
+        slots = list(range(prefix)) + [prefix + j for j in range(s) if mask[0, 0, i, prefix + j]]
         p = prefix + int(depth[i])
         ar_vis, ar_start = windowed(torch.ones(1, 1, 1, p + 1, dtype=torch.bool), torch.tensor([[p]]), window)
         ar = attention(q[:, :, i : i + 1], k[:, :, slots], v[:, :, slots], ar_vis, ar_start)
