@@ -249,12 +249,18 @@ def test_context_above_the_cap_is_capped_and_refused_beyond():
     assert hf_config(raw).max_seq_len == 8192
 
 
-@pytest.mark.parametrize("arch,over", [("LlamaForCausalLM", dict(rope_scaling=LLAMA3)),
-                                       ("SmolLM3ForCausalLM", dict(SMOLLM3, no_rope_layers=[1, 0, 1, 0]))])
-def test_greedy_decode_equals_transformers_greedy(arch, over, tmp_path):
-    """AR through specgen's decode loop (KV cache) on a Llama 3 scaled checkpoint, and on a SmolLM3 one with NoPE
-    layers, equals transformers' greedy continuation (full forwards)."""
-    theirs = hf_model(arch, **over)
+# a checkpoint to decode greedily: Llama 3 scaled; SmolLM3 with NoPE layers; Gemma 3 past its window (a 40-token
+# prompt, window 16)
+GREEDY = {"llama3": lambda: hf_model("LlamaForCausalLM", rope_scaling=LLAMA3),
+          "smollm3": lambda: hf_model("SmolLM3ForCausalLM", **dict(SMOLLM3, no_rope_layers=[1, 0, 1, 0])),
+          "gemma3": lambda: gemma3_model(**GEMMA3_CASES["gemma3-linear"])}
+
+
+@pytest.mark.parametrize("case", GREEDY)
+def test_greedy_decode_equals_transformers_greedy(case, tmp_path):
+    """AR through specgen's decode loop (KV cache, native CPU attention) equals transformers' greedy continuation
+    (full forwards)."""
+    theirs = GREEDY[case]()
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
     prompt = tokens(40)
@@ -568,20 +574,6 @@ def test_gemma3_logits_equal_transformers(case, tmp_path):
     assert len(controls) == (4 if case == "gemma3-untied-head-size-scalar" else 5)
     for name, wrong in controls.items():
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
-
-
-def test_gemma3_greedy_decode_equals_transformers_greedy(tmp_path):
-    """AR through specgen's decode loop (KV cache, native CPU attention) equals transformers' greedy continuation,
-    past the window (a 40-token prompt, window 16)."""
-    theirs = gemma3_model(**GEMMA3_CASES["gemma3-linear"])
-    theirs.save_pretrained(tmp_path)
-    ours = load(tmp_path)
-    prompt = tokens(40)
-    got = decode(ModelTarget(ours), EmptyDrafter(), prompt[0].tolist(), 8, SamplingParams()).tokens
-    seq = prompt
-    for _ in range(8):
-        seq = torch.cat([seq, logits(theirs, seq)[:, -1:].argmax(-1)], 1)
-    assert list(got) == seq[0, 40:].tolist()
 
 
 def test_a_legacy_gemma3_config_reads_the_same(tmp_path):
