@@ -348,8 +348,13 @@ SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": ev
 
 
 def layer_kinds(raw: dict) -> set[str]:
-    """The attention kinds `layer_types` names; a kind other than full and sliding attention is refused."""
-    kinds = set(raw.get("layer_types") or [])
+    """The attention kinds `layer_types` names; a kind other than full and sliding attention is refused, and so is a
+    `layer_types` that is not one kind a layer (transformers refuses it; each class's layers are its indices)."""
+    types, n = raw.get("layer_types") or [], raw["num_hidden_layers"]
+    if types and (not isinstance(types, list) or len(types) != n or not all(isinstance(k, str) for k in types)):
+        raise CheckpointError(f"config.json sets layer_types={json.dumps(types)[:80]}: not one kind for each of its "
+                              f"{n} layers")
+    kinds = set(types)
     if kinds - {"full_attention", "sliding_attention"}:
         raise refuse("layer_types", sorted(kinds), "only full_attention and sliding_attention layers are implemented")
     return kinds
@@ -361,7 +366,7 @@ def gemma3_layer_types(raw: dict) -> list[str]:
     n = raw["num_hidden_layers"]
     if raw.get("layer_types") is not None:
         layer_kinds(raw)
-        if not isinstance(raw["layer_types"], list) or len(raw["layer_types"]) != n:
+        if len(raw["layer_types"]) != n:  # an empty list (`layer_kinds` checked any other)
             raise CheckpointError(f"config.json sets layer_types={json.dumps(raw['layer_types'])[:80]}: not one kind "
                                   f"for each of its {n} layers")
         return raw["layer_types"]

@@ -335,6 +335,13 @@ def test_refusals_name_the_key(over, named):
        "one 0 (no RoPE) or 1 (RoPE) for each of its 2 layers") for marks in ([1, 0, 1], [1], [1, 2], [True, 0], "10")],
     *[(dict(architectures=["SmolLM3ForCausalLM"], no_rope_layer_interval=interval),
        f"no_rope_layer_interval={json.dumps(interval)}: not a positive integer") for interval in (0, "4", None)],
+    # layer_types of another length than the layers, or not a list of kinds: Qwen2's and SmolLM3's took the layers
+    # it marked (a short list slid fewer layers than it names, where transformers refuses the config), a string's
+    # refusal named its characters
+    *[(dict(architectures=[arch], use_sliding_window=True, sliding_window=4, layer_types=kinds),
+       f"layer_types={json.dumps(kinds)}: not one kind for each of its 2 layers")
+      for arch in ("Qwen2ForCausalLM", "SmolLM3ForCausalLM", "Gemma3ForCausalLM")
+      for kinds in (["sliding_attention"], ["full_attention"] * 3, "sliding_attention", [["sliding_attention"]] * 2)],
 ])
 def test_a_config_number_that_builds_no_model_is_one_line(over, says):
     """A count that was a string, null, zero or a float, or an epsilon that was a string, was carried into the entry
