@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 
 import torch
@@ -55,6 +55,9 @@ class TransformerConfig:
     window: int = 0  # > 0: a local layer's query at position p sees keys at p - window + 1 .. p (0: all, as before)
 
     def __post_init__(self) -> None:
+        flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
+        if flag is not None:  # a hand-edited entry's "yes" would read as true
+            raise ValueError(f"{flag} {getattr(self, flag)!r} is not true or false")
         if self.num_classes and self.caption_dim:
             raise ValueError("a model is class-conditional (num_classes) or text-conditional (caption_dim), not both")
         if self.caption_dim and self.n_cond < 1:

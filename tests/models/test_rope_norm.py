@@ -95,7 +95,10 @@ def test_nope_layers_that_are_not_layers_are_refused(layers):
                                        (dict(sandwich_norms=True, cross_dim=8), "sandwich_norms"),
                                        (dict(window=8), "window"), (dict(local_layers=(0,), window=-1), "window"),
                                        (dict(local_layers=(0,), window=2.5), "window"),
-                                       (dict(local_layers=(0,), window=4, rope_grid=4), "local_layers")])
+                                       (dict(local_layers=(0,), window=4, rope_grid=4), "local_layers"),
+                                       # a flag that is not a bool (a hand-edited entry's "yes" read as true)
+                                       (dict(sandwich_norms="yes"), "sandwich_norms 'yes' is not true or false"),
+                                       (dict(qk_norm=1), "qk_norm 1 is not"), (dict(tie_embeddings=None), "tie_emb")])
 def test_gemma_fields_that_build_no_model_are_refused(over, says):
     with pytest.raises(ValueError, match=says):
         tiny_model(0, **over)
