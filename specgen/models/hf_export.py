@@ -54,9 +54,8 @@ def gemma3(cfg, common: dict):
             or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
         raise ValueError("to_hf exports sandwich norms as Gemma 3, whose block has q/k norms, a gelu_tanh gate, a "
                          "sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer and no q/k/v biases")
-    kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
     return Gemma3ForCausalLM(Gemma3TextConfig(
-        **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=kinds,
+        **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=layer_types(cfg),
         sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
         hidden_activation="gelu_pytorch_tanh",
         attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
@@ -72,8 +71,12 @@ def sliding(cfg, every: bool = False) -> dict:
         if cfg.local_layers != tuple(range(cfg.n_layers)):
             raise ValueError("to_hf exports this block's sliding window as a class whose window slides every layer")
         return {"sliding_window": cfg.window}
-    kinds = ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
-    return {"sliding_window": cfg.window, "use_sliding_window": True, "layer_types": kinds}
+    return {"sliding_window": cfg.window, "use_sliding_window": True, "layer_types": layer_types(cfg)}
+
+
+def layer_types(cfg) -> list[str]:
+    """transformers' `layer_types` of a config: its local layers sliding, the others full."""
+    return ["sliding_attention" if i in cfg.local_layers else "full_attention" for i in range(cfg.n_layers)]
 
 
 def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:

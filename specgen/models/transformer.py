@@ -500,30 +500,32 @@ def attending(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache, mask: tor
 def layer_masks(cfg: TransformerConfig, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, tree_mask,
                 attn_mask) -> tuple[list, bool]:
     """(each layer's mask or plan, causal): `forward_mask`'s for full-attention layers and, with a window, one more
-    for the local (sliding) layers: both made once per forward, each layer handed its own (as `layer_rotations`)."""
-    full, causal = forward_mask(cfg, h, cache, tree_mask, attn_mask)
+    for the local (sliding) layers: both made once per forward from one visibility, each layer handed its own (as
+    `layer_rotations`)."""
     if not cfg.window:
+        full, causal = forward_mask(cfg, h, cache, tree_mask, attn_mask)
         return [full] * cfg.n_layers, causal
-    if causal:  # no cache, no tree: the full layers' causal mask made explicit, as SDPA's is_causal is per forward
-        s = h.shape[1]
-        full = torch.ones(s, s, dtype=torch.bool, device=h.device).tril().view(1, 1, s, s)
-    local = local_mask(cfg, h, positions, cache, tree_mask, attn_mask)
+    full, local = windowed_masks(cfg, h, positions, cache, tree_mask, attn_mask)
     return [local if i in cfg.local_layers else full for i in range(cfg.n_layers)], False
 
 
-def local_mask(cfg: TransformerConfig, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, tree_mask,
-               attn_mask):
-    """What the local layers attend with: the full mask and the window, by token positions (a query at position p
-    sees keys at p - window + 1 .. p), never by slots (a tree's nodes share positions). Without a cache: a bool mask
-    [B, 1, S, S] among the S tokens (positions [B, S]); over one, `attending`'s plan of the windowed slots."""
+def windowed_masks(cfg: TransformerConfig, h: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, tree_mask,
+                   attn_mask) -> tuple:
+    """(the full layers', the local layers') masks of a windowed model's forward: the visible keys, and those also
+    in the window by token positions (a query at position p sees keys at p - window + 1 .. p), never by slots (a
+    tree's nodes share positions). Without a cache: bool masks [B, 1, S, S] among the S tokens (positions [B, S]),
+    the causal one explicit (SDPA's is_causal is per forward); over one, `attending`'s plans."""
     s = h.shape[1]
     if cache is None:
         seen = torch.ones(s, s, dtype=torch.bool, device=h.device).tril() if tree_mask is None else tree_mask
-        return seen.view(-1, 1, s, s) & in_window(positions, positions, cfg.window)
+        seen = seen.view(-1, 1, s, s)
+        return seen, seen & in_window(positions, positions, cfg.window)
     if attn_mask is not None or cache.key_mask is not None:  # a key's position is its slot's only in a text cache
         raise ValueError("a sliding window over earlier forwards' pending slots or hidden keys is not implemented")
-    mask = slot_mask(cache, s, tree_mask, None)
+    cache.check_room(s)
+    seen = slot_mask(cache, s, tree_mask, None)  # [B, 1, S, T] (None: all)
     t = max(cache.lengths) + s
     near = in_window(positions, key_positions(host_tensor(cache.lengths, h.device), positions, t), cfg.window)
-    mask = near if mask is None else mask & near  # [B, 1, S, T]
-    return attending(cfg, h, cache, mask, (positions - (cfg.window - 1)).clamp_(min=0))
+    local = near if seen is None else seen & near  # [B, 1, S, T]
+    return (attending(cfg, h, cache, seen),
+            attending(cfg, h, cache, local, (positions - (cfg.window - 1)).clamp_(min=0)))

@@ -160,7 +160,7 @@ def test_a_tree_query_gets_exactly_its_ar_result(prefix, dtype):
 
 def windowed(vis: torch.Tensor, qpos: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(vis [B, 1, S, T] with the window of queries at positions qpos [B, S] over keys at slots = positions, each
-    query's first visible position [B, S]) as transformer.local_mask makes them."""
+    query's first visible position [B, S]) as transformer.windowed_masks makes them."""
     b, _, _, t = vis.shape
     keys = torch.arange(t).expand(b, t)
     return vis & in_window(qpos, keys, window), (qpos - (window - 1)).clamp(min=0)
