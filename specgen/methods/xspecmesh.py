@@ -112,6 +112,13 @@ class MeshDecoder:
         return self._draft_out
 
 
+def zero_condition(model: MeshGPT) -> torch.Tensor:
+    """A condition of the point encoder's output shape [1, num_latents, out_dim], zeros (a timing's: its values do not
+    change the time)."""
+    enc = model.enc_cfg
+    return model.start.new_zeros(1, enc.num_latents, enc.out_dim)
+
+
 @dataclass(frozen=True)
 class ConditionedForward:
     """`cost.Timed` of the backbone as a mesh decodes it: the decoder's forward over mesh tokens, every block
@@ -133,9 +140,8 @@ class ConditionedForward:
         return f"{self.module.dec_cfg!r} cross-attending to [{enc.num_latents}, {enc.out_dim}]"
 
     def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int):
-        enc, start = self.module.enc_cfg, self.module.start
         cache = self.module.new_cache(1, ids.shape[1])
-        cache.cross = self.module.decoder.context_kv(start.new_zeros(1, enc.num_latents, enc.out_dim))
+        cache.cross = self.module.decoder.context_kv(zero_condition(self.module))
         self.module.decoder(ids[:, :prefix], positions[:, :prefix], cache)
         cache.commit(0, list(range(prefix)))
         return cache
@@ -172,9 +178,9 @@ class HeadsForward:
                 f"cross-attending to [{enc.num_latents}, {enc.out_dim}]")
 
     def prepare(self, ids: torch.Tensor, positions: torch.Tensor, prefix: int) -> tuple:
-        heads, enc, cfg = self.module, self.decoder.model.enc_cfg, self.module.cfg
+        heads, cfg = self.module, self.module.cfg
         stacked = heads.stacked()
-        kv = stacked.context_kv(heads.context_kv(self.decoder.model.start.new_zeros(1, enc.num_latents, enc.out_dim)))
+        kv = stacked.context_kv(heads.context_kv(zero_condition(self.decoder.model)))
         past = stacked.res_b.new_zeros(cfg.num_heads, cfg.history, 2 * cfg.inner_dim) if stacked.history else None
         return stacked, kv or (None, None), stacked.res_b.new_zeros(ids.shape[1], cfg.dim), past
 
