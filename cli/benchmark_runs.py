@@ -16,19 +16,20 @@ from cli._options import Format
 from specgen import devices
 from specgen.config import load_config, read_recipe
 from specgen.errors import UsageError
+from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.dry_run import check_recipe, picked_rows, recipe_advice, row
 from specgen.eval.graph_use import timed_note
-from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_out_dir, checked_rows, image_rows_of,
                                       measure_images, write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
-from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, Shard, launcher_shard, parse_shard, wait_for_ranks
+from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
                                      measure, plan, resolved_of, rows_of)
 from specgen.image.generate import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
 from specgen.paths import file_digest
+from specgen.shard import Shard, launcher_shard, parse_shard
 from specgen.text.target import load_text_model
 
 Table = tuple[str, list[dict], list[str]]  # (title, rows, columns)

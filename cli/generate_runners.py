@@ -10,7 +10,7 @@ from cli._options import Format, recipe_key
 from specgen import checkpoints
 from specgen.errors import UsageError
 from specgen.methods import get_method
-from specgen.text.precision import split_name
+from specgen.precision import split_name
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from specgen import checkpoints
-from specgen.eval.plots import image_grid
+from specgen.image.grid import image_grid
 from specgen.mesh.export import render_png
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh
 

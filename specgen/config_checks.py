@@ -44,7 +44,7 @@ AT_MOST = {"num": 100_000,  # images/meshes per command
 THREADS = {"threads", "num_threads"}
 # keys naming one of a few values, those values in words: "" (an unset shell variable in quotes) is refused naming
 # them, never read as the default, which is the key left out (their own checks name any other wrong value: devices.py,
-# text/precision.py's QUANTIZE, models/graphs.py's MODES)
+# specgen/precision.py's QUANTIZE, models/graphs.py's MODES)
 CHOICES = {"dtype": ", ".join(DTYPES), "quantize": "int8, int4", "device": "cpu, cuda, cuda:N, auto",
            "graphs": "auto, on, off"}
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)

@@ -11,7 +11,7 @@ from specgen.errors import UsageError
 from specgen.methods import MethodSpec, get_method
 from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.graphs import check_mode
-from specgen.text.precision import resolve
+from specgen.precision import resolve
 
 C = TypeVar("C")  # a modality's recipe config (TextGenConfig, ImageGenConfig, MeshGenConfig)
 

@@ -155,11 +155,11 @@ def test_a_full_registry_home_is_one_line_naming_the_device_and_leaves_nothing(s
 def test_a_full_run_folder_names_the_state_file(tmp_path, monkeypatch):
     """A training state written onto a full device: an OSError naming the state file (the CLI's one line with the
     advice), not safetensors' bare SafetensorError."""
-    from specgen.train import checkpoint
+    from specgen.tensor_files import save_tensors
 
     monkeypatch.setattr(registry, "save_file", full_device_save)
     with pytest.raises(OSError, match="No space left on device") as e:
-        checkpoint.save_tensors(tmp_path / "state.safetensors", {"w": torch.ones(64)})
+        save_tensors(tmp_path / "state.safetensors", {"w": torch.ones(64)})
     assert e.value.filename == str(tmp_path / "state.safetensors") and os.listdir(tmp_path) == []
 
 

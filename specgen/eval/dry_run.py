@@ -26,7 +26,7 @@ from specgen.eval.sweeps import Entries, entry_tables
 from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
 from specgen.memory import size
 from specgen.methods import get_method
-from specgen.text.precision import split_name
+from specgen.precision import split_name
 
 
 @dataclass(frozen=True)

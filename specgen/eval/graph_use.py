@@ -10,8 +10,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from specgen.eval.run_dir import Grid, RunDir, Shard
+from specgen.eval.run_dir import Grid, RunDir
 from specgen.models.graphs import StepGraphs
+from specgen.shard import Shard
 
 WARM_RUNS = 4  # the most discarded runs a row makes before timing (`GraphUse.warm`)
 

@@ -15,17 +15,19 @@ from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import image_metrics, plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import Image, image_rows, method_of, png_of
-from specgen.eval.run_dir import Grid, Shard
+from specgen.eval.run_dir import Grid
 from specgen.eval.sweeps import (Entries, SweptRow, check_own_entry, check_rows, dtypes_on, entries, methods_on,
                                  sweeps_of, sweeps_on, with_sweep_rows)
 from specgen.image.captions import Caption
 from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
+from specgen.image.grid import image_grid
 from specgen.image.methods import build_image_method
 from specgen.methods import METHODS, get_method
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, write_linked
 from specgen.request import parse_request
+from specgen.shard import Shard
 
 
 @dataclass
@@ -277,7 +279,7 @@ def write_outputs(rows: list[dict], pixels: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for (m, t), px in pixels.items():
-        grid = plots.image_grid(px, nrow=8)
+        grid = image_grid(px, nrow=8)
         paths.append(write_linked(out_dir / f"{m}-T{t:g}-grid.png", lambda tmp: grid.save(tmp, format="PNG")))
     y = "clf_fid" if all(r.get("clf_fid") is not None for r in rows) else "nll"
     for t in sorted({r["temperature"] for r in rows}):

@@ -11,7 +11,7 @@ import torch
 from specgen.data.images import ImageCrops, ImageCropsConfig
 from specgen.models.classifier import ImageClassifier
 from specgen.registry import home
-from specgen.train.checkpoint import cached_tensors
+from specgen.tensor_files import cached_tensors
 
 
 def fid_from_features(a: np.ndarray, b: np.ndarray, eps: float = 1e-6) -> float:

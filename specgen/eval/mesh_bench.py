@@ -13,7 +13,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
 from specgen.eval.graph_use import GraphUse
-from specgen.eval.run_dir import Grid, RunNotFinished, Shard
+from specgen.eval.run_dir import Grid, RunNotFinished
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
                                  sweeps_on)
@@ -24,6 +24,7 @@ from specgen.mesh.pointcloud import point_cloud
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+from specgen.shard import Shard
 
 
 @dataclass

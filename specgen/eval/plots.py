@@ -1,13 +1,10 @@
-"""Benchmark figures: speed-vs-quality scatter (PNG, written atomically) and image grids (matplotlib Agg, PIL)."""
+"""Benchmark figures: the speed-vs-quality scatter (a PNG written atomically; matplotlib, no pyplot)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-import torch
-from PIL import Image
 
 from specgen.paths import atomic_write
 
@@ -32,17 +29,3 @@ def speed_quality_plot(rows: Sequence[Mapping], y: str = "fid", path: str | os.P
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png"), keep_suffix=True, mode=0o644)
-
-
-def image_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> Image.Image:
-    """Tile images [N,3,H,W] in [-1,1] into an RGB PIL image: nrow per row, `pad` white pixels between tiles."""
-    n, _, h, w = images.shape
-    cols = max(1, min(nrow, n))
-    rows = max(1, -(-n // cols))
-    grid = torch.full((3, rows * (h + pad) + pad, cols * (w + pad) + pad), 255, dtype=torch.uint8)  # [3,GH,GW]
-    pix = ((images.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)  # [N,3,H,W]
-    for i in range(n):
-        r, c = divmod(i, cols)
-        top, left = pad + r * (h + pad), pad + c * (w + pad)
-        grid[:, top : top + h, left : left + w] = pix[i]
-    return Image.fromarray(grid.permute(1, 2, 0).contiguous().numpy())  # uint8 [GH,GW,3] -> RGB

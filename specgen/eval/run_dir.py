@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, Collection, Iterator, Sequence
 from specgen.errors import RuntimeFailure, UsageError
 from specgen.eval import json_shape
 from specgen.paths import atomic_write_text, check_space, nearest_existing, write_new, written_elsewhere
+from specgen.shard import Shard
 
 FORMAT = 1  # run.json layout version
 SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
@@ -25,41 +26,6 @@ SUITES = ("humaneval", "text", "images", "meshes")  # what a run folder may hold
 
 class RunNotFinished(UsageError):
     """The run folder lacks records of some items (a shard still running, or killed: rerun it to finish)."""
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Shard `index` of `count` (0-based): it owns the items whose position i has i % count == index."""
-
-    index: int = 0
-    count: int = 1
-
-    @property
-    def label(self) -> str:
-        return f"{self.index}-of-{self.count}"
-
-
-def parse_shard(text: str) -> Shard:
-    """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard."""
-    index, slash, count = text.partition("/")
-    try:
-        shard = Shard(int(index), int(count))
-    except ValueError:
-        raise UsageError(f"--shard takes I/N with 0 <= I < N (e.g. 0/4), got {text!r}") from None
-    if not slash or shard.count < 1 or not 0 <= shard.index < shard.count:
-        raise UsageError(f"--shard {text}: the shard index must satisfy 0 <= I < N (e.g. 0/4 .. 3/4)")
-    return shard
-
-
-def launcher_shard() -> Shard | None:
-    """The shard of this process under `torchrun` / `accelerate launch` (RANK, WORLD_SIZE), else None."""
-    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if rank is None or world is None:
-        return None
-    try:
-        return Shard(int(rank), int(world)) if int(world) > 1 else None
-    except ValueError:
-        raise UsageError(f"RANK={rank!r} / WORLD_SIZE={world!r} from the launcher are not integers") from None
 
 
 class LauncherGone(RuntimeFailure):

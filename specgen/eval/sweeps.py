@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 
 from specgen.errors import SpecgenError, UsageError
 from specgen.methods import METHODS, get_method
-from specgen.text.precision import check_row_precision
+from specgen.precision import check_row_precision
 
 SCALARS = (str, int, float, bool)  # what a swept value may be (a list or mapping is no single setting)
 

@@ -21,7 +21,6 @@ from specgen.decoding.cost import Tokens, cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
-from specgen.limits import check_prompt_fits, context_of
 from specgen.eval import json_shape
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.hf_rows import HfAssisted, HfCompiled, HfGenerate, HfLookup
@@ -29,15 +28,17 @@ from specgen.eval.humaneval import check_completions
 from specgen.eval.llamacpp_row import LlamaCppLookup, LlamaCppRow
 from specgen.eval.peers import Peer, PeerSetup
 from specgen.eval.roofline import copy_bandwidth, streamed_bytes
-from specgen.eval.run_dir import Grid, Shard
+from specgen.eval.run_dir import Grid
 from specgen.eval.sweeps import (Entries, check_own_entry, entries, methods_on, options_table, sweeps_of, sweeps_on,
                                  with_sweep_rows)
 from specgen.eval.text_rows import Run, text_rows
+from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.tokenizer import tokenizer_hash
+from specgen.precision import split_name
+from specgen.shard import Shard
 from specgen.text.generate import draft_budget
-from specgen.text.precision import split_name
 from specgen.text.target import TextModel, load_original, load_text_model, open_text_model
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)

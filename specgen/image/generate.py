@@ -14,8 +14,8 @@ from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.cost import Tokens, cost_of, relative
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
-from specgen.eval.plots import image_grid
 from specgen.image.captions import Caption, read_captions
+from specgen.image.grid import image_grid
 from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
@@ -23,8 +23,8 @@ from specgen.methods.eagle import DrafterForward
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.paths import write_linked
+from specgen.precision import in_memory, load_precision
 from specgen.request import DecodeRequest
-from specgen.text.precision import in_memory, load_precision
 
 
 @dataclass

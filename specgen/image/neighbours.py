@@ -9,7 +9,7 @@ import torch
 
 from specgen import registry
 from specgen.errors import UsageError
-from specgen.train.checkpoint import cached_tensors
+from specgen.tensor_files import cached_tensors
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:

@@ -24,8 +24,8 @@ from specgen.methods.options import ArOptions
 from specgen.methods.xspecmesh import DEFAULT_TARGET, XSpecMeshOptions, load_mesh as load_mesh_parts
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
+from specgen.precision import in_memory, load_precision
 from specgen.request import DecodeRequest
-from specgen.text.precision import in_memory, load_precision
 
 
 @dataclass

@@ -33,7 +33,7 @@ class TextGenConfig:
     graphs: str = "auto"  # auto | on | off: CUDA-graph captured decode steps (auto: on for CUDA; models/graphs.py)
     batch_size: int = 1  # prompts decoded together (continuous batching over the prompt list)
     dtype: str | None = None  # float32 | bfloat16 (default float32; bfloat16 when quantized)
-    quantize: str | None = None  # None | int8 | int4: weight-only quantized target (text/precision.py)
+    quantize: str | None = None  # None | int8 | int4: weight-only quantized target (specgen/precision.py)
     method_options: dict = field(default_factory=dict)  # e.g. block_size, num_draft, max_ngram
 
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 import torch
 
 from specgen import checkpoints, registry
+from specgen import precision as prec
 from specgen.decoding.target import ModelTarget
 from specgen.devices import device_name, resolve_dtype
 from specgen.errors import UsageError
 from specgen.models.graphs import attach
 from specgen.models.layout import decode_layout
 from specgen.models.tokenizer import TextTokenizer
-from specgen.text import precision as prec
 from specgen.text.merge import merged_module  # also registers the built-in distilled targets' maker (builtins)
 
 

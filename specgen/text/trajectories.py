@@ -18,13 +18,13 @@ from specgen.data.prompts import read_prompts
 from specgen.data.stdlib_prompts import assert_no_humaneval_overlap, stdlib_fingerprint, stdlib_prompts
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, RuntimeFailure, UsageError
-from specgen.eval.run_dir import Shard, launcher_shard
 from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import run_batch
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.paths import atomic_write, atomic_write_text, written_elsewhere
+from specgen.precision import resolve, split_name
+from specgen.shard import Shard, launcher_shard
 from specgen.text.jacobi_blocks import JacobiBlocks
-from specgen.text.precision import resolve, split_name
 from specgen.text.target import open_text_model
 
 META = "trajectories.json"

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from specgen import builtins, registry
 from specgen.errors import UsageError
-from specgen.paths import atomic_write, atomic_write_text, check_folder
+from specgen.paths import atomic_write_text, check_folder
 from specgen.registry import Entry
+from specgen.tensor_files import save_tensors
 
 #: Settings a rerun on OUT may change where a trainer has no others (the run folder's check and the state's): where
 #: the result goes, not what training computes.
@@ -44,27 +43,6 @@ class Published:
 def brief(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """`metrics` without the per-evaluation history (what logs and tables show)."""
     return {k: v for k, v in metrics.items() if k != "history"}
-
-
-def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    atomic_write(path, lambda p: registry.save_safetensors({k: v.contiguous() for k, v in tensors.items()}, p,
-                                                           metadata, name=path))
-
-
-def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
-                   log: Callable[[str], None] = lambda s: None) -> dict[str, torch.Tensor]:
-    """Tensors cached at `path` (safetensors); `build()` makes them on a miss or over an unreadable file."""
-    if path.is_file():
-        try:
-            t = load_file(str(path))
-            log(f"cache hit: {path}")
-            return t
-        except (OSError, SafetensorError) as e:  # truncated or not safetensors (files are written whole): rebuilt
-            log(f"unreadable cache {path} ({e}): rebuilding it")
-    check_folder(path.parent, "cache folder")  # before the build's work, which a failed write would lose
-    t = build()
-    save_tensors(path, t)
-    return t
 
 
 def write_json(path: Path, doc: Any, sort_keys: bool = True) -> None:

@@ -18,7 +18,8 @@ from specgen.image.captions import Caption, read_captions
 from specgen.models.eagle import EagleNet
 from specgen.models.transformer import Transformer
 from specgen.paths import file_digest
-from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, cached_tensors, fp16_state, publish, shipped_copy
+from specgen.tensor_files import cached_tensors
+from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import sample_images
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig

@@ -22,7 +22,8 @@ from specgen.mesh.procedural import ProceduralSpec
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.train.checkpoint import half, publish, save_tensors
+from specgen.tensor_files import save_tensors
+from specgen.train.checkpoint import half, publish
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.lora import apply_lora, check_targets, lora_disabled, lora_state, merge_lora
 from specgen.train.mesh import SeedStream, mesh_example, sequence_loss

@@ -18,13 +18,14 @@ from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig
 from specgen.decoding.recorder import FeatureRecorder
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
-from specgen.eval.plots import image_grid
 from specgen.image.captions import Caption
+from specgen.image.grid import image_grid
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.models.llamagen import GPT_CONFIGS, find_multiple, llamagen_config
 from specgen.models.transformer import Transformer
-from specgen.train.checkpoint import brief, cached_tensors, check_outputs, fp16_state, publish, shipped_copy
+from specgen.tensor_files import cached_tensors
+from specgen.train.checkpoint import brief, check_outputs, fp16_state, publish, shipped_copy
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask
 from specgen.train.optim import OptimConfig
 from specgen.train.script import parse_recipe, print_metrics, registering, run_script, script_parser

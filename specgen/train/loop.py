@@ -18,7 +18,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from specgen.devices import resolve_device
 from specgen.errors import CheckpointError, UsageError
-from specgen.train.checkpoint import StaleStateError, save_tensors
+from specgen.tensor_files import save_tensors
+from specgen.train.checkpoint import StaleStateError
 
 #: The tensor of the global torch RNG state in a train state.
 RNG_KEY = "loop.torch_rng"

@@ -16,7 +16,8 @@ from specgen import checkpoints
 from specgen.errors import IncompatibleError, MissingDependencyError, UsageError
 from specgen.image.neighbours import codebook_hash
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
-from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, cached_tensors, fp16_state, publish, shipped_copy
+from specgen.tensor_files import cached_tensors
+from specgen.train.checkpoint import RESUME_LOOSE, Published, brief, fp16_state, publish, shipped_copy
 from specgen.train.image_gpt import check_vq_name, crop_tokens, downscale, load_vq
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.optim import AdamWConfig

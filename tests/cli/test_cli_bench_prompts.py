@@ -92,7 +92,8 @@ def test_a_run_refused_as_its_models_load_leaves_no_run_folder(tiny_target, tmp_
         out = one_line(invoke(*BENCH, "--prompts", str(path), "--methods", "ar", "--run-dir", str(run)))
         assert "prompt 1: prompt of 300 tokens" in out
     assert not (tmp_path / "runs").exists() and list((tmp_path / "empty").iterdir()) == []
-    from specgen.eval.run_dir import RunDir, Shard
+    from specgen.eval.run_dir import RunDir
+    from specgen.shard import Shard
 
     RunDir.open(tmp_path / "started", "text", {"a": 1})
     RunDir.open(tmp_path / "started", "text", {"a": 1}).discard()  # another process's run: kept

@@ -22,7 +22,7 @@ from specgen.config_checks import CHOICES, check_config
 from specgen.errors import UsageError
 from specgen.eval.text_bench import TextBenchConfig
 from specgen.models.graphs import MODES
-from specgen.text.precision import QUANTIZE, quantized_entry
+from specgen.precision import QUANTIZE, quantized_entry
 from tests.pcllm_fixtures import save_tiny_text
 
 runner = CliRunner()
@@ -880,7 +880,8 @@ def test_a_run_dir_shard_has_one_writer_and_a_dead_one_holds_nothing(tmp_path):
     import sys
 
     from specgen.errors import UsageError
-    from specgen.eval.run_dir import RunDir, Shard
+    from specgen.eval.run_dir import RunDir
+    from specgen.shard import Shard
 
     first = RunDir.open(tmp_path / "run", "text", {"a": 1})
     first.start_shard(Shard(0, 2))
@@ -893,7 +894,8 @@ def test_a_run_dir_shard_has_one_writer_and_a_dead_one_holds_nothing(tmp_path):
     second.start_shard(Shard(0, 2))  # released with its holder
     del second
     gc.collect()
-    killed = subprocess.run([sys.executable, "-c", "import os, sys; from specgen.eval.run_dir import RunDir, Shard; "
+    killed = subprocess.run([sys.executable, "-c", "import os, sys; from specgen.eval.run_dir import RunDir; "
+                             "from specgen.shard import Shard; "
                              f"RunDir.open({str(tmp_path / 'run')!r}, 'text', {{'a': 1}}).start_shard(Shard(0, 2)); "
                              "os._exit(9)"], env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert killed.returncode == 9 and (tmp_path / "run" / "shard-0-of-2.lock").read_text().strip().isdigit()

@@ -118,7 +118,8 @@ def test_a_record_line_nested_past_the_recursion_limit_is_skipped_as_corrupt(tmp
     """read_lines skips a corrupt line; one nested deeper than Python's recursion limit raised json's RecursionError,
     so resuming or reporting the run failed (one 'RecursionError' line, exit 1) instead of redoing its item."""
     from specgen.errors import UsageError
-    from specgen.eval.run_dir import RunDir, Shard
+    from specgen.eval.run_dir import RunDir
+    from specgen.shard import Shard
 
     run = RunDir.open(tmp_path / "run", "text", {"a": 1})
     run.append(Shard(), {"item": "i0", "runs": {}})
@@ -294,7 +295,8 @@ def test_a_record_write_the_device_refuses_names_the_records_file(tmp_path, monk
     import errno
 
     from specgen.eval import run_dir
-    from specgen.eval.run_dir import RunDir, Shard
+    from specgen.eval.run_dir import RunDir
+    from specgen.shard import Shard
 
     run = RunDir.open(tmp_path / "run", "text", {"a": 1})
     run.append(Shard(), {"item": "i0", "runs": {}})
@@ -450,7 +452,8 @@ RANK = """
 import os, sys
 from pathlib import Path
 from cli.benchmark_runs import merged_rows
-from specgen.eval.run_dir import LauncherGone, RunDir, Shard
+from specgen.eval.run_dir import LauncherGone, RunDir
+from specgen.shard import Shard
 sink = RunDir.open(Path(sys.argv[1]), "humaneval", {})
 print("waiting", flush=True)
 try:
@@ -572,7 +575,8 @@ def test_of_shards_that_finish_at_once_one_prints_the_table(tmp_path, capsys):
     """Two array tasks finishing together both found every record and both printed (and wrote --out: the second
     failed on the file the first had just made, blocking a Slurm `afterok` report): one prints, the other says who."""
     from cli.benchmark_runs import merged_rows
-    from specgen.eval.run_dir import RunDir, Shard
+    from specgen.eval.run_dir import RunDir
+    from specgen.shard import Shard
 
     sink, rows = RunDir.open(tmp_path / "run", "humaneval", {"limit": 2}), [{"method": "ar"}]
     assert merged_rows(sink, lambda s: rows, Shard(1, 2), None, False) == rows

@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from specgen.eval.graph_use import WARM_RUNS, GraphUse, timed_note
-from specgen.eval.run_dir import Grid, RunDir, Shard
+from specgen.eval.run_dir import Grid, RunDir
 from specgen.eval.text_rows import Run
 from specgen.models import graphs
+from specgen.shard import Shard
 from tests.cli.test_cli_image import tiny_image  # noqa: F401 - the fixture
 from tests.cli.test_cli_mesh import tiny  # noqa: F401 - the fixture
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture

@@ -17,7 +17,8 @@ from specgen.eval.image_metrics import (
     image_features,
     reference_features,
 )
-from specgen.eval.plots import image_grid, speed_quality_plot
+from specgen.eval.plots import speed_quality_plot
+from specgen.image.grid import image_grid
 
 
 def gaussian(n: int, d: int, seed: int, scale: float = 1.0) -> np.ndarray:

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from specgen import checkpoints, native, registry
+from specgen import precision
 from specgen.models import kernel_choice, layout_cache, packed_linear, plan_cache
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import ENV, decode_layout
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
-from specgen.text import precision
 from tests.conftest import tiny_model
 
 TOKENS = torch.tensor([[5, 17, 3, 9, 40, 2], [11, 11, 7, 60, 1, 8]])

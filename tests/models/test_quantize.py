@@ -283,8 +283,7 @@ def tiny_entry(name="tiny", seed=2):
 
 @pytest.mark.parametrize("mode,group", MODES)
 def test_stored_quantized_entry_reloads_bit_for_bit_and_is_made_once(mode, group):
-    from specgen import checkpoints, registry
-    from specgen.text import precision
+    from specgen import checkpoints, precision, registry
 
     base, model = tiny_entry()
     entry = precision.quantized_entry(base, mode)
@@ -302,9 +301,8 @@ def test_stored_quantized_entry_reloads_bit_for_bit_and_is_made_once(mode, group
 
 
 def test_a_changed_base_is_requantized_and_a_foreign_entry_refused():
-    from specgen import registry
+    from specgen import precision, registry
     from specgen.errors import IncompatibleError
-    from specgen.text import precision
 
     base, _ = tiny_entry(seed=2)
     first = registry.read_state(precision.quantized_entry(base, "int8"))
@@ -323,9 +321,8 @@ def test_a_changed_base_is_requantized_and_a_foreign_entry_refused():
 def test_an_entry_made_by_older_quantizers_is_remade():
     import json
 
-    from specgen import registry
+    from specgen import precision, registry
     from specgen.models.quantize import VERSION
-    from specgen.text import precision
 
     base, _ = tiny_entry(seed=6)
     entry = precision.quantized_entry(base, "int4")
@@ -348,7 +345,7 @@ def test_an_entry_made_by_older_quantizers_is_remade():
     ("m", "bfloat16", "none", ("m", "bfloat16", None)),
 ])
 def test_precision_names_and_options_resolve(name, dtype, quantize, want):
-    from specgen.text.precision import resolve
+    from specgen.precision import resolve
 
     assert resolve(name, dtype, quantize) == want
 
@@ -363,7 +360,7 @@ def test_precision_names_and_options_resolve(name, dtype, quantize, want):
     ("m+fp8", None, None, "unknown precision suffix"),
 ])
 def test_bad_precision_input_is_one_usage_error(name, dtype, quantize, match):
-    from specgen.text.precision import resolve
+    from specgen.precision import resolve
 
     with pytest.raises(UsageError, match=match):
         resolve(name, dtype, quantize)

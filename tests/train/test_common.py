@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 from specgen.builtins import ASSETS
 from specgen.config import RECIPE_RELATIVE, load_config
 from specgen.errors import CheckpointError, UsageError
-from specgen.train.checkpoint import (StaleStateError, atomic_write, cached_tensors, check_outputs, fp16_state,
-                                      write_entry)
+from specgen.paths import atomic_write
+from specgen.tensor_files import cached_tensors
+from specgen.train.checkpoint import StaleStateError, check_outputs, fp16_state, write_entry
 from specgen.train.classifier import vq_reconstructions
 from specgen.train.image_gpt import load_vq, vq_entry
 from specgen.train.loop import At, Loop, LoopOptions, Optim, StateFile, TrainTask
@@ -375,7 +376,7 @@ def test_a_killed_writers_training_state_temporary_goes_at_the_next_save(tmp_pat
     writer's) and other files' temporaries."""
     import time
 
-    from specgen.train.checkpoint import save_tensors
+    from specgen.tensor_files import save_tensors
 
     stale, live, other = (tmp_path / n for n in (".state.safetensors.ab12cd.tmp", ".state.safetensors.ef34ab.tmp",
                                                   ".other.safetensors.ab12cd.tmp"))
