@@ -25,7 +25,7 @@ from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_o
 from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
                                      measure, plan, resolved_of, rows_of)
-from specgen.image.generate import load_image_model
+from specgen.generate.image import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
 from specgen.paths import file_digest

@@ -9,7 +9,7 @@ from cli._options import Format, comma_list
 from specgen.config import load_config
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import UsageError
-from specgen.image.generate import (ImageGenConfig, PngWriter, generate_images, image_conditions, label_of,
+from specgen.generate.image import (ImageGenConfig, PngWriter, generate_images, image_conditions, label_of,
                                    load_image_model)
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir

@@ -8,9 +8,9 @@ from cli import _output
 from cli._options import Format
 from specgen.config import load_config
 from specgen.errors import RuntimeFailure, UsageError
-from specgen.mesh.export import export_mesh, format_name, render_png
-from specgen.mesh.generate import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
+from specgen.generate.mesh import (MeshGenConfig, check_budget, decode_tokens, generate_meshes, load_conditions,
                                   load_mesh_model, mesh_options)
+from specgen.mesh.export import export_mesh, format_name, render_png
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import MethodSpec
 from specgen.paths import check_output_dir, free_stem, write_linked

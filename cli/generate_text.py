@@ -9,9 +9,9 @@ from cli._options import Format
 from specgen.config import load_config
 from specgen.data.prompts import Prompt, read_prompt_records
 from specgen.errors import UsageError
+from specgen.generate.text import TextGenConfig, encode_prompts, generate_text
 from specgen.methods import MethodSpec, model_for
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig, encode_prompts, generate_text
 from specgen.text.target import open_text_model
 
 STAT_COLUMNS = ["method", "new_tokens", "nfe", "tpf", "tau", "tokens_per_s", "wall_s"]

@@ -21,10 +21,10 @@ import time
 
 import torch
 
-import specgen.image.generate as gen
+import specgen.generate.image as gen
 from specgen.decoding.budget import MeasuredBudget
-from specgen.image.target import CFGTarget
 from specgen.devices import now
+from specgen.image.target import CFGTarget
 from specgen.methods.eagle import EagleBatch
 from specgen.request import parse_request
 

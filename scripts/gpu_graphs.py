@@ -333,7 +333,7 @@ def exact(res, base) -> float:
 
 
 def image_rows(num: int) -> None:
-    from specgen.image.generate import ImageGenConfig, generate_images as run, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images as run, load_image_model
     from specgen.request import parse_request
 
     def generate_images(im, cfg):
@@ -384,8 +384,8 @@ def captures(im) -> int:
 
 def mesh_rows(num: int) -> None:
     from specgen.decoding.sampling import SamplingParams as SP
-    from specgen.mesh.generate import load_mesh_model
     from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=DEVICE)

@@ -149,7 +149,7 @@ def text_cases(device: str, top: int, new: int) -> None:
 def image_case(device: str, top: int) -> None:
     """Image AR, ADT-Tree and EAGLE-2 at batch 1 on one loaded model: their GPU ms a step side by side say whether a
     tree step is bound by its kernels or by the host (gpu_graphs.py's rows give the wall time)."""
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", device=device)
@@ -171,7 +171,7 @@ def mesh_case(device: str, top: int) -> None:
     """Mesh AR and lossless XSpecMesh with vertex lookup and a candidate tree at batch 1 (gpu_graphs.py's goal row):
     the heads' share of a step, and what a verify of up to 64 rows costs against AR's one."""
     from specgen.eval.mesh_bench import benchmark_clouds
-    from specgen.mesh.generate import load_mesh_model
+    from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device=device)

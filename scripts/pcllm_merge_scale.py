@@ -22,10 +22,10 @@ from specgen.data.prompts import Prompt, encode
 from specgen.data.stdlib_prompts import stdlib_prompts
 from specgen.eval.text_bench import base_nll
 from specgen.eval.text_rows import common_prefix
-from specgen.text.generate import TextGenConfig, generate_text
+from specgen.generate.text import TextGenConfig, generate_text
+from specgen.request import parse_request
 from specgen.text.merge import adapter_source, register_merged
 from specgen.text.target import load_text_model
-from specgen.request import parse_request
 
 
 def answers(model, prompts: list[str], method: str, options: dict) -> list:

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-import specgen.image.generate as gen
+import specgen.generate.image as gen
 from specgen.image.target import CFGTarget
 from specgen.models import kernel_choice
 from specgen.models.rope import rows_rotation

@@ -56,8 +56,8 @@ def test_an_indexed_cpu_is_the_cpu():
 
 def test_config_checks_use_the_same_check():
     from specgen.config_checks import check_config
-    from specgen.image.generate import ImageGenConfig
-    from specgen.mesh.generate import MeshGenConfig
+    from specgen.generate.image import ImageGenConfig
+    from specgen.generate.mesh import MeshGenConfig
 
     check_config(ImageGenConfig(device="auto"))  # generate resolves auto itself
     check_config(MeshGenConfig(device="cpu"))

@@ -13,11 +13,11 @@ import dataclasses
 import pytest
 import torch
 
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
+from tests.conftest import decode
 from tests.conftest import (GEMMA, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model,
                             unwindowed)
 
@@ -269,7 +269,7 @@ def test_captured_steps_across_width_buckets_and_a_failed_capture_decode_what_ea
 def test_captured_image_trees_decode_what_eager_ar_decodes():
     """The shipped tiny image GPT on CUDA, float32, T 0, a GPU's option defaults: every lossless image method of the
     method table (EAGLE-2's and ADT-Tree's verifies and growths replayed from graphs) equals graphs-off AR."""
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.models import graphs
     from specgen.request import parse_request
 
@@ -296,7 +296,7 @@ def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     lookup, a candidate tree of up to 63 nodes), and the heads' step was captured (no host sync)."""
     from specgen.decoding.sampling import SamplingParams as SP
     from specgen.eval.mesh_bench import benchmark_clouds
-    from specgen.mesh.generate import load_mesh_model
+    from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
     from specgen.models import graphs
 

@@ -105,6 +105,31 @@ def test_function_local_and_string_imports_close_no_circle_either():
     assert circles(graph(everywhere=True)) == []
 
 
+def package_of(module: str) -> str:
+    """The layer a module lives in: its folder under specgen/ (`specgen.image`), a top-level module, or `cli`."""
+    parts = module.split(".")
+    return "cli" if parts[0] == "cli" else ".".join(parts[:2])
+
+
+def package_graph(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """`edges` between modules as edges between their packages (package_of); a package's own imports dropped."""
+    out: dict[str, set[str]] = {package_of(m): set() for m in edges}
+    for m, targets in edges.items():
+        out[package_of(m)] |= {package_of(t) for t in targets} - {package_of(m)}
+    return out
+
+
+def test_packages_form_no_circle_either():
+    """Layers, not only modules: no package imports one that imports it back (the modality runs in generate/ sit
+    above the methods, which sit above the modalities' targets and tokenizers in image/ and mesh/)."""
+    assert circles(package_graph(graph(everywhere=True))) == []
+
+
+def test_a_package_circle_is_found():
+    modules = {"specgen.a.x": {"specgen.b.y"}, "specgen.b.y": set(), "specgen.b.z": {"specgen.a.w"}, "specgen.a.w": set()}
+    assert circles(package_graph(modules)) == [{"specgen.a", "specgen.b"}]
+
+
 def test_string_imports_are_edges():
     """A module named in a string (a table of modules, `importlib.import_module("...")`) is seen as imported."""
     edges = graph(everywhere=True)

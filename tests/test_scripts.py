@@ -318,7 +318,7 @@ def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict, dict]:
     """Eager ops a decode step and graph kernels (`eager_ops_a_step`) of lossless ADT-Tree on a tiny CFG image model at
     `batch` sequences."""
     from specgen.decoding.sampling import SamplingParams
-    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.generate.image_methods import ImageParts, build_image_method
     from specgen.image.target import CFGTarget
     from specgen.methods import run_batch
     from specgen.models.eagle import EagleNet

@@ -12,17 +12,18 @@ import torch
 from specgen import checkpoints
 from specgen.decoding.cost import Tokens, cost_of
 from specgen.errors import UnknownNameError, UsageError
-from specgen.eval import image_metrics, plots
+from specgen.eval import plots
 from specgen.eval.graph_use import GraphUse
 from specgen.eval.image_rows import Image, image_rows, method_of, png_of
 from specgen.eval.run_dir import Grid
 from specgen.eval.sweeps import (Entries, SweptRow, check_own_entry, check_rows, dtypes_on, entries, methods_on,
                                  sweeps_of, sweeps_on, with_sweep_rows)
-from specgen.image.captions import Caption
-from specgen.image.generate import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
+from specgen.generate.image import (ImageGenConfig, ImageModel, conditioned, decode_pixels, generate_images,
                                     image_conditions, load_image_model)
+from specgen.generate.image_methods import build_image_method
+from specgen.image import metrics as image_metrics
+from specgen.image.captions import Caption
 from specgen.image.grid import image_grid
-from specgen.image.methods import build_image_method
 from specgen.methods import METHODS, get_method
 from specgen.methods.mulo_sd import MuLoSD
 from specgen.paths import check_folder, free_path, write_linked

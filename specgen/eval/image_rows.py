@@ -12,11 +12,11 @@ import torch
 import PIL.Image
 
 from specgen.decoding.stats import DecodeStats
-from specgen.eval.image_metrics import fid_from_features
 from specgen.eval.run_dir import Grid
 from specgen.eval.speed import Drafting, Timed, curves, merged
 from specgen.eval.speed import efficiency as speed_efficiency
 from specgen.image.grid import image_grid
+from specgen.image.metrics import fid_from_features
 from specgen.methods import get_method
 
 

@@ -17,8 +17,8 @@ from specgen.eval.run_dir import Grid, RunNotFinished
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
                                  sweeps_on)
+from specgen.generate.mesh import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.export import clean_mesh
-from specgen.mesh.generate import check_budget, decode_tokens, load_mesh_model, token_budget
 from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.pointcloud import point_cloud
 from specgen.mesh.procedural import ProceduralSpec, generate_mesh, split_seeds

@@ -32,13 +32,13 @@ from specgen.eval.run_dir import Grid
 from specgen.eval.sweeps import (Entries, check_own_entry, entries, methods_on, options_table, sweeps_of, sweeps_on,
                                  with_sweep_rows)
 from specgen.eval.text_rows import Run, text_rows
+from specgen.generate.text import draft_budget
 from specgen.limits import check_prompt_fits, context_of
 from specgen.methods import METHODS, MethodSpec, get_method, model_for, run_batch
 from specgen.methods.options import BUDGET_DEFAULT
 from specgen.models.tokenizer import tokenizer_hash
 from specgen.precision import split_name
 from specgen.shard import Shard
-from specgen.text.generate import draft_budget
 from specgen.text.target import TextModel, load_original, load_text_model, open_text_model
 
 # rows not decoded by specgen's loop: row name (also `NAME:tag` variants) -> its peer (eval/peers.py)

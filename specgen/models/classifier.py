@@ -1,4 +1,4 @@
-"""The small CNN whose features give the image benchmark's clf-FID and class accuracy (`eval/image_metrics.py`)."""
+"""The small CNN whose features give the image benchmark's clf-FID and class accuracy (`image/metrics.py`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from specgen import checkpoints, registry
 from specgen.data.images import IMAGE_CLASSES, ImageCrops, ImageCropsConfig, crops
 from specgen.errors import UsageError
-from specgen.eval.image_metrics import class_accuracy
+from specgen.image.metrics import class_accuracy
 from specgen.models.classifier import ImageClassifier
 from specgen.train.checkpoint import brief, fp16_state, shipped_copy, write_entry, write_json
 from specgen.train.image_gpt import load_vq

@@ -283,7 +283,7 @@ def test_a_row_precision_that_is_none_names_its_key(tiny_image):
 
 
 def test_each_image_is_written_and_reported_as_it_is_done(tiny_image, monkeypatch):
-    from specgen.image.generate import PngWriter
+    from specgen.generate.image import PngWriter
 
     r = gen(tiny_image / "all", "--method", "ar", "--classes", "dog,sky")
     assert r.exit_code == 0, r.output

@@ -13,9 +13,9 @@ import trimesh
 from typer.testing import CliRunner
 
 from cli.main import app
+from specgen.generate.mesh import load_conditions, read_file
 from specgen.mesh.errors import MeshInputError
 from specgen.mesh.export import EXPORT_FORMATS
-from specgen.mesh.generate import load_conditions, read_file
 from specgen.mesh.procedural import generate_mesh
 from specgen.mesh.tokenizers import BPTTokenizer
 from tests.mesh.mesh_fixtures import register_tiny

@@ -153,9 +153,9 @@ def test_a_method_option_given_as_a_recipe_key_names_its_spelling(tiny, args, ne
 def test_a_recipe_key_that_is_also_a_method_option_stays_the_recipes(tmp_path):
     """One explanation of a key the config lacks (`config.check_keys`, inside `load_config`): a method option given as
     a recipe key, on the command line or in the recipe file, and a benchmark recipe given to `generate`."""
-    from specgen.image.generate import ImageGenConfig
+    from specgen.generate.image import ImageGenConfig
+    from specgen.generate.text import TextGenConfig
     from specgen.methods import get_method
-    from specgen.text.generate import TextGenConfig
 
     cfg = load_config(ImageGenConfig, None, ["top_k=5", "seed=1"], get_method("vvs"))  # vvs options too
     assert (cfg.top_k, cfg.seed) == (5, 1)
@@ -720,8 +720,8 @@ def test_infinities_never_reach_the_sampler():
             check_number("temperature", bad)
 
 
-CONFIG_MODULES = ["specgen.text.generate", "specgen.eval.text_bench", "specgen.image.generate",
-                  "specgen.eval.image_bench", "specgen.mesh.generate", "specgen.eval.mesh_bench",
+CONFIG_MODULES = ["specgen.generate.text", "specgen.eval.text_bench", "specgen.generate.image",
+                  "specgen.eval.image_bench", "specgen.generate.mesh", "specgen.eval.mesh_bench",
                   "specgen.train.distill", "specgen.text.trajectories", "specgen.train.heads", "specgen.train.eagle",
                   "specgen.train.upsampler", "specgen.train.vq", "specgen.train.image_gpt",
                   "specgen.train.image_gpt_lowres", "specgen.train.classifier", "specgen.train.mesh",
@@ -1106,9 +1106,9 @@ def test_generate_help_labels_each_lossy_method_lossy():
 def test_generate_help_states_each_modalitys_defaults_as_the_configs_hold_them():
     """--temperature's help was "0 = greedy." (the defaults differ by modality: 0, 1, 0.5), --num and --cfg-scale
     named no default, --max-new-tokens no modality; the defaults the help names are the configs' own."""
-    from specgen.image.generate import DEFAULT_NUM, ImageGenConfig
-    from specgen.mesh.generate import MeshGenConfig
-    from specgen.text.generate import TextGenConfig
+    from specgen.generate.image import DEFAULT_NUM, ImageGenConfig
+    from specgen.generate.mesh import MeshGenConfig
+    from specgen.generate.text import TextGenConfig
 
     r = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "400"})
     text = " ".join(r.stdout.replace("│", " ").split())

@@ -144,7 +144,7 @@ def test_a_folder_of_other_files_is_never_written_into(tmp_path, cmd, foreign):
 
 
 def test_pngs_never_replace_earlier_ones(tmp_path):
-    from specgen.image.generate import PngWriter
+    from specgen.generate.image import PngWriter
 
     def run(pixels):
         writer = PngWriter(tmp_path, "ar", ["a", "b"])
@@ -165,7 +165,7 @@ def test_png_writers_of_one_pid_never_share_a_temporary(tmp_path, monkeypatch):
     each image lands whole in a file of its own and neither run fails."""
     from PIL import Image
 
-    from specgen.image.generate import PngWriter
+    from specgen.generate.image import PngWriter
 
     real, saves, other = Image.Image.save, [], []
 

@@ -16,10 +16,11 @@ from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.eval.image_bench import ImageBenchConfig, checked_rows
+from specgen.generate.mesh import MeshGenConfig
+from specgen.generate.text import TextGenConfig
 from specgen.image.target import CFGTarget
 from specgen.mesh.target import MeshTarget
-from specgen.eval.image_bench import ImageBenchConfig, checked_rows
-from specgen.mesh.generate import MeshGenConfig
 from specgen.methods import run_batch
 from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import EmptyDrafter
@@ -27,7 +28,6 @@ from specgen.methods.xspecmesh import MeshDecoder
 from specgen.methods.xspecmesh_pool import mesh_rule
 from specgen.models import graphs
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig
 from tests.conftest import method_drafter, tiny_model
 from tests.decoding.test_batched import ragged_prompts
 from tests.image.helpers import tiny_image_gpt

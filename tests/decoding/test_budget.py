@@ -18,11 +18,11 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.step_times import StepTimes
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
+from specgen.generate.text import TextGenConfig, draft_budget
 from specgen.methods import run_batch
 from specgen.models import plan_cache
 from specgen.models.cache import KVCache
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig, draft_budget
 from tests.conftest import method_drafter, tiny_model
 
 

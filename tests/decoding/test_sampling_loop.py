@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from specgen.config import load_config
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.eval.text_bench import TextBenchConfig
+from specgen.generate.text import TextGenConfig
 from specgen.methods.options import JacobiOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter
-from specgen.text.generate import TextGenConfig
+from tests.conftest import decode
 from tests.conftest import method_drafter, tiny_model
 
 

@@ -168,8 +168,8 @@ def static_attach(module, mode: str = "auto"):
 def test_image_and_mesh_runs_record_every_model_with_steps(tiny_image, tiny, tmp_path, monkeypatch):  # noqa: F811
     """Each model decoded with captured steps, targets and drafters or heads alike, has its facts in the machine file;
     their timed captures are counted by row."""
-    monkeypatch.setattr("specgen.image.generate.attach", static_attach)
-    monkeypatch.setattr("specgen.mesh.generate.attach", static_attach)
+    monkeypatch.setattr("specgen.generate.image.attach", static_attach)
+    monkeypatch.setattr("specgen.generate.mesh.attach", static_attach)
     r = invoke("benchmark", "--suite", "images", "--model", "t-gpt", "--limit", "1", "--format", "json", "out_dir=",
                "methods=[ar,adt-tree]", "temperatures=[0.0]", "quality=false", "--run-dir", str(tmp_path / "img"))
     assert r.exit_code == 0, r.output

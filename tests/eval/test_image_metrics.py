@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from specgen.eval.image_metrics import (
+from specgen.eval.plots import speed_quality_plot
+from specgen.image.grid import image_grid
+from specgen.image.metrics import (
     ImageClassifier,
     class_accuracy,
     fid_from_features,
     image_features,
     reference_features,
 )
-from specgen.eval.plots import speed_quality_plot
-from specgen.image.grid import image_grid
 
 
 def gaussian(n: int, d: int, seed: int, scale: float = 1.0) -> np.ndarray:

@@ -13,14 +13,14 @@ import torch.nn.functional as F
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
-from specgen.image.methods import ImageParts, build_image_method
+from specgen.decoding.verify import tree_inputs, verify_batch
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
-from specgen.decoding.verify import tree_inputs, verify_batch
 from specgen.methods.eagle import EagleTreeDrafter, TreeVerify
-from specgen.methods.vvs import VVSBatch
 from specgen.methods.eagle_grow import (Frame, GrownTrees, GrowPlan, TreeShape, best_children, best_nodes,
                                        in_slot_order, top_in_index_order)
+from specgen.methods.vvs import VVSBatch
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 

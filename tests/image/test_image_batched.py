@@ -12,8 +12,8 @@ import torch
 from specgen.decoding.budget import FixedBudget, MeasuredBudget
 from specgen.decoding.cost import Tokens, measure_cost
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
-from specgen.image.generate import MAX_DRAFT
-from specgen.image.methods import ImageParts, build_image_method
+from specgen.generate.image import MAX_DRAFT
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
@@ -231,7 +231,7 @@ def test_a_sampled_auto_budget_run_repeats_with_its_seed_whatever_the_step_times
     """`generate_images` under `budget=auto` at temperature 1: one run whose tree steps time 10x faster than AR's,
     one whose time 10x slower, draw the same images from the same seed (a sampled row's draws follow whether its
     steps drafted, so a choice by wall time made them differ)."""
-    from specgen.image.generate import ImageGenConfig, ImageModel, generate_images
+    from specgen.generate.image import ImageGenConfig, ImageModel, generate_images
     from specgen.request import parse_request
     from tests.budget_fixtures import step_times
 
@@ -255,7 +255,7 @@ def test_a_sampled_auto_budget_costs_each_tree_step_with_its_drafters_forwards(m
     """Sampled `budget=auto` (MeasuredBudget 6.): every image tree method reports its drafter's forwards (the
     catch-up, then one a level: at batch 1 as many as `DecodeStats.drafter_forwards` counts), and a step's cost is its
     verify's plus theirs at the drafter's curve, in the target's unit; an AR step runs and costs no drafter."""
-    from specgen.image.generate import ImageGenConfig, ImageModel, generate_images
+    from specgen.generate.image import ImageGenConfig, ImageModel, generate_images
     from specgen.models.eagle import EagleNet
     from specgen.request import parse_request
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
-from specgen.image.methods import ImageParts, build_image_method
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
+from tests.conftest import decode
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image.test_image_batched import LOSSLESS_IMAGE, OPTIONS
 from tests.image_fixtures import one_thread
@@ -73,7 +73,7 @@ def test_bf16_target_runs_in_bf16():
 @pytest.mark.slow
 def test_load_image_model_in_bf16_and_greedy_adt_tree_equals_ar():
     """The built-in tiny image GPT and its shipped EAGLE drafter (EagleNet) load in bfloat16; the VQ stays float32."""
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", dtype="bfloat16")

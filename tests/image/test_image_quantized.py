@@ -44,7 +44,7 @@ def test_quantized_image_gpt_is_close_to_its_float_model():
 def test_load_image_model_quantized_and_greedy_adt_tree_equals_ar():
     """The built-in tiny image GPT quantized at load (`dtype` may name the quantization, as benchmark rows do); its
     shipped EAGLE drafter runs at bfloat16 and the VQ at float32."""
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     im = load_image_model("tiny-image-gpt", dtype="int8")
@@ -58,7 +58,7 @@ def test_load_image_model_quantized_and_greedy_adt_tree_equals_ar():
 
 
 def test_quantize_with_float32_activations_is_refused():
-    from specgen.image.generate import load_image_model
+    from specgen.generate.image import load_image_model
 
     with pytest.raises(UsageError, match="bfloat16 activations"):
         load_image_model("tiny-image-gpt", dtype="float32", quantize="int8")

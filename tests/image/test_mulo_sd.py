@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from cli.main import app
 from specgen import checkpoints, registry
 from specgen.decoding.loop import truncate
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
@@ -23,6 +22,7 @@ from specgen.methods.mulo_sd import MuLoSD, expand_rejections, neighbourhood, po
 from specgen.methods.text import EmptyDrafter
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from specgen.models.vq import VQ_CONFIGS, VQModel
+from tests.conftest import decode
 from tests.image.helpers import tiny_image_gpt
 
 runner = CliRunner()
@@ -219,7 +219,7 @@ def test_bad_mulo_input(mulo_registry, args, needle):
 def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
     from specgen.eval.image_bench import ImageBenchConfig, checked_rows, image_rows_of, measure_images, write_outputs
     from specgen.eval.run_dir import RunDir
-    from specgen.image.generate import load_image_model
+    from specgen.generate.image import load_image_model
 
     cfg = ImageBenchConfig(methods=["ar", "mulo-sd"], model="m-gpt", num=1, temperatures=[1.0], quality=False,
                            mulo_ablations=True, sweep={"mulo-sd": {"tau": [0.0, 2.0]}},
@@ -240,7 +240,7 @@ def test_bench_rows_ablations_and_tau_sweep(mulo_registry, tmp_path):
 
 
 def test_shipped_mulo_sd_parts_fit():
-    from specgen.image.generate import ImageGenConfig, generate_images, load_image_model
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.request import parse_request
 
     low, up = checkpoints.find("tiny-image-gpt-lowres"), checkpoints.find("tiny-image-upsampler-2x")
@@ -251,8 +251,8 @@ def test_shipped_mulo_sd_parts_fit():
 
 
 def test_defaults_scaled_to_the_codebook(mulo_registry):
-    from specgen.image.generate import load_image_model
-    from specgen.image.methods import build_image_method
+    from specgen.generate.image import load_image_model
+    from specgen.generate.image_methods import build_image_method
 
     parts = load_image_model("m-gpt", need_drafter=False).parts(4.0)
     dec, rule = build_image_method("mulo-sd", parts, {"lowres": "m-low", "upsampler": "m-up2"})

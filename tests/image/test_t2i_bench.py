@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from cli.main import app
 from specgen.eval.image_bench import target_nll
-from specgen.image.generate import load_image_model
+from specgen.generate.image import load_image_model
 from specgen.image.target import CaptionCFGTarget
 from tests.image.test_t2i_generate import CAP, GRID, N_COND, caption, runner, t2i_registry  # noqa: F401
 from tests.image_fixtures import one_thread

@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from specgen import registry
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.captions import left_pad, read_captions
@@ -26,6 +25,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models.eagle import EagleNet
 from specgen.models.llamagen import llamagen_config
 from specgen.models.transformer import Transformer
+from tests.conftest import decode
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
 
@@ -236,7 +236,7 @@ def test_the_default_drafter_is_the_shipped_one_then_the_only_one_trained(t2i_re
     """A drafter trained for a quick test must not silently replace the shipped one (built-in first); with
     several installed and none shipped, `generate` asks for --drafter in one line."""
     from specgen import checkpoints
-    from specgen.image.generate import default_drafter
+    from specgen.generate.image import default_drafter
 
     assert default_drafter(checkpoints.find("target/t2i-gpt")) == "draft/t2i-eagle"  # the only one trained
     assert default_drafter(checkpoints.find("target/c2i-gpt")) == ""  # none

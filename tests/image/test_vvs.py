@@ -16,7 +16,7 @@ from specgen.decoding.draft_verify import judge
 from specgen.decoding.loop import decode_batch
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
-from specgen.image.methods import ImageParts, build_image_method
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import get_method, run_batch
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams
-from specgen.mesh.generate import Condition, MeshGenConfig, generate_meshes
+from specgen.generate.mesh import Condition, MeshGenConfig, generate_meshes
 from specgen.methods.xspecmesh import LoadedMesh, MeshDecoder, XSpecMeshOptions
 from specgen.request import parse_request
 from tests.image_fixtures import one_thread

@@ -69,7 +69,7 @@ def test_load_mesh_model_in_bf16():
     """The built-in mesh backbone and its heads (stage 1: no adapter, so AR of the backbone is the reference) load in bfloat16 and decode."""
     from dataclasses import replace
 
-    from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
+    from specgen.generate.mesh import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
     from specgen.request import parse_request
 
     loaded = load_mesh_model(None, "xspecmesh-ca-tiny-s1", "cpu", "bfloat16")

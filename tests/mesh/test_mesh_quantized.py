@@ -51,7 +51,7 @@ def test_load_mesh_model_quantized():
     """The built-in mesh backbone and its stage-1 heads: int8 at load, XSpecMesh (lossless rule) equals AR."""
     from dataclasses import replace
 
-    from specgen.mesh.generate import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
+    from specgen.generate.mesh import MeshGenConfig, generate_meshes, load_conditions, load_mesh_model
     from specgen.request import parse_request
 
     loaded = load_mesh_model(None, "xspecmesh-ca-tiny-s1", "cpu", quantize="int8")

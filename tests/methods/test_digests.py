@@ -16,7 +16,7 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.image.methods import ImageParts, build_image_method
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.neighbours import compute_neighbours
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
@@ -24,8 +24,8 @@ from specgen.methods.mulo_sd import MuLoSD
 from specgen.methods.xspecmesh import MeshDecoder
 from specgen.models.upsampler import UpDownSampler, UpsamplerConfig
 from tests.conftest import method_drafter, tiny_model
-from tests.image_fixtures import one_thread
 from tests.image.helpers import TinyEagle, tiny_image_gpt
+from tests.image_fixtures import one_thread
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 
 PARAMS = {"greedy": SamplingParams(), "sampled": SamplingParams(1.0, 0, 0.95)}

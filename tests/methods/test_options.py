@@ -6,7 +6,7 @@ from dataclasses import MISSING, FrozenInstanceError, fields
 import pytest
 
 from specgen.errors import UsageError
-from specgen.image.methods import BUILDERS
+from specgen.generate.image_methods import BUILDERS
 from specgen.methods import METHODS, get_method
 from specgen.methods import options as O
 
@@ -117,7 +117,7 @@ def test_drafts_are_longer_on_a_gpu():
 
 def test_a_request_parses_options_for_its_device(monkeypatch):
     from specgen import request
-    from specgen.image.generate import ImageGenConfig
+    from specgen.generate.image import ImageGenConfig
 
     assert request.parse_request(ImageGenConfig(method="eagle2"), "image").options.total_tokens == 16
     monkeypatch.setattr(request, "device_name", lambda spec: "cuda:0")
@@ -130,7 +130,7 @@ def test_a_request_parses_options_for_its_device(monkeypatch):
 def test_an_image_builder_parses_options_for_its_models_device(monkeypatch):
     import torch
 
-    from specgen.image import methods as M
+    from specgen.generate import image_methods as M
 
     seen = []
     monkeypatch.setitem(M.BUILDERS, "eagle2", lambda parts, o: seen.append(o.total_tokens) or (None, None))

@@ -8,7 +8,6 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tests.conftest import decode
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
@@ -17,9 +16,10 @@ from specgen.methods import get_method, run_batch
 from specgen.methods.options import JacobiOptions, NgramOptions, gpu_defaults
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice, static_step
-from specgen.models.static_step import Bucket, StaticInputs, target_step
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
+from specgen.models.static_step import Bucket, StaticInputs, target_step
+from tests.conftest import decode
 from tests.conftest import GEMMA, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model, unwindowed
 from tests.image_fixtures import tiny_image_target
 
@@ -465,7 +465,7 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
     """Target verifies and whole EAGLE tree growths (one static program per row bucket, width bucket and depth) both
     through static steps, batch 1 and 2, at the CPU's and a GPU's option defaults (16 and 31 nodes) and at 60 (a CFG
     verify of two product slices on a GPU): the same tokens as the eager method (lossless ones: as AR)."""
-    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.generate.image_methods import ImageParts, build_image_method
     from specgen.models.eagle import EagleNet
 
     def run(attached: bool, batch: int):
@@ -501,7 +501,7 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
 def test_a_drafter_net_grows_each_pools_trees_under_its_own_guidance(capture):
     """One drafter net, two runs at different CFG scales: the second run's captured growths combine at its own scale
     (a pool drops the net's earlier captures), so its drafts, and with them its acceptance, are the eager run's."""
-    from specgen.image.methods import ImageParts, build_image_method
+    from specgen.generate.image_methods import ImageParts, build_image_method
     from specgen.models.eagle import EagleNet
 
     model = tiny_image_target(0)
@@ -539,7 +539,7 @@ def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2(capture
     """Cross-attention conditions live in static buffers of the batch's rows; a bucket of fewer rows (a row left)
     reads its own rows of them."""
     from specgen.eval.mesh_bench import benchmark_clouds
-    from specgen.mesh.generate import load_mesh_model
+    from specgen.generate.mesh import load_mesh_model
 
     loaded = load_mesh_model(graphs="off")
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from specgen.errors import UsageError
-from specgen.image.generate import ImageGenConfig
+from specgen.generate.image import ImageGenConfig
+from specgen.generate.text import TextGenConfig
 from specgen.methods import METHODS
 from specgen.methods.options import ArOptions, JacobiOptions
 from specgen.request import parse_request
-from specgen.text.generate import TextGenConfig
 
 
 def test_the_request_holds_the_spec_and_typed_options():

@@ -27,7 +27,7 @@ def test_streamed_tokens_joined_are_each_rows_result(name):
 
 
 def test_text_stream_pieces_join_to_the_decoded_text():
-    from specgen.text.generate import TextStream
+    from specgen.generate.text import TextStream
 
     class Bytes:  # a tokenizer whose tokens are UTF-8 bytes: a character can span two steps
         def decode(self, ids):

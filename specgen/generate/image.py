@@ -14,9 +14,9 @@ from specgen.decoding.budget import MeasuredBudget
 from specgen.decoding.cost import Tokens, cost_of, relative
 from specgen.decoding.stats import DecodeStats
 from specgen.errors import IncompatibleError, UsageError
+from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.captions import Caption, read_captions
 from specgen.image.grid import image_grid
-from specgen.image.methods import ImageParts, build_image_method
 from specgen.image.target import cfg_target
 from specgen.methods import run_batch
 from specgen.methods.eagle import DrafterForward
