@@ -119,6 +119,8 @@ def tiny_config(**over) -> TransformerConfig:
 # step predicts its input token again (one token decoded over and over, which no draft could get wrong)
 GEMMA = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, qk_norm=True, local_layers=(0,),
              local_rope_theta=100.0, tie_embeddings=False)
+# Gemma 1's block over tiny_config's shape: Llama's, with the scaled embedding and GeGLU
+GEMMA1 = dict(embed_scale=32**0.5, ffn_act="gelu_tanh")
 # sliding-window targets over tiny_config's shape, decoded well past their window: Gemma 3's block with its local
 # layer 0 sliding over 6 positions, and Mistral's kind (Llama's block, every layer sliding over 5)
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}

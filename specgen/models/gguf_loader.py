@@ -14,7 +14,7 @@ from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, fo
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
-                "gemma3": "half"}
+                "gemma": "half", "gemma3": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -112,8 +112,14 @@ def window_fields(window: int | None, extra: dict) -> dict:
     return {"window": window} if window is not None and extra.get("local_layers") else {}
 
 
-#: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's)
-GGUF_FIELDS = {"gemma3": (gemma3_fields, gemma3_fold)}
+def gemma_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields a gemma (Gemma 1) GGUF adds to Llama's, as llama.cpp builds the model: GeGLU and
+    the sqrt(dim) embedding scale (its norms stored with Gemma's + 1 added by the converter)."""
+    return {"ffn_act": "gelu_tanh", "embed_scale": dim**0.5}
+
+
+#: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's; None: as stored)
+GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma3": (gemma3_fields, gemma3_fold)}
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:

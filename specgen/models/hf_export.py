@@ -1,5 +1,5 @@
-"""A transformers causal LM (Llama, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 3) of a specgen Transformer's weights (the `hf`
-row)."""
+"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 3) of a specgen Transformer's
+weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ def interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout; with
-    partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again; with
-    sandwich norms under Gemma 3's, each norm as the offset w its 1 + w multiplies by (the loader's fold undone; q's
-    attention scale stays in q's norm, exported with query_pre_attn_scalar = head size)."""
+    partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again; with a
+    Gemma block (`gemma_block`) each norm as the offset w its 1 + w multiplies by (the loader's fold undone; Gemma 3's
+    attention scale stays in q's norm, exported with query_pre_attn_scalar = head size), Gemma 3's sandwich norms
+    under its names."""
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}
@@ -37,9 +38,29 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     if cfg.qk_norm and cfg.qkv_bias:  # Qwen3's attention_bias also biases o_proj: zero, as specgen has none
         out |= {f"model.layers.{i}.self_attn.o_proj.bias": sd["norm.weight"].new_zeros(cfg.dim)
                 for i in range(cfg.n_layers)}
-    if cfg.sandwich_norms:
+    if gemma_block(cfg):
         out = {name: t - 1 if name.endswith("norm.weight") else t for name, t in out.items()}
     return fused(out, "Phi3ForCausalLM") if cfg.rope_dim else out
+
+
+def gemma_block(cfg) -> bool:
+    """Whether `to_hf` exports the config as a Gemma (1 or 3): its gate, embedding scale or local RoPE are theirs."""
+    return cfg.sandwich_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or bool(cfg.local_rope_theta)
+
+
+def gemma(cfg, common: dict):
+    """transformers' GemmaForCausalLM (Gemma 1) of a Gemma block without sandwich norms. A config Gemma 1 cannot
+    express is a ValueError."""
+    from transformers import GemmaConfig, GemmaForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
+            cfg.qk_norm or cfg.window or cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias
+            or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
+        raise ValueError("to_hf exports a Gemma block without sandwich norms as Gemma 1, whose block has a gelu_tanh "
+                         "gate, a sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer, no window and "
+                         "no q/k norms or biases")
+    return GemmaForCausalLM(GemmaConfig(**common, hidden_act="gelu_pytorch_tanh", attention_bias=False,
+                                        pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
 def gemma3(cfg, common: dict):
@@ -111,14 +132,13 @@ def to_hf(model: Transformer):
         # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
         # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
         common["rope_scaling"]["factor"] = 1.0
-    if (cfg.local_rope_theta or cfg.ffn_act != "silu" or cfg.embed_scale != 1) and not cfg.sandwich_norms:
-        raise ValueError("to_hf exports local RoPE layers, a gelu_tanh gate and an embedding scale as Gemma 3, whose "
-                         "block also has sandwich norms")
     if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
         raise ValueError("to_hf exports NoPE layers as SmolLM3, which has no partial RoPE, q/k norms or q/k/v-only "
                          "biases")
     if cfg.sandwich_norms:
         hf = gemma3(cfg, common)
+    elif gemma_block(cfg):
+        hf = gemma(cfg, common)
     elif cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
         hf = SmolLM3ForCausalLM(SmolLM3Config(
             **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],

@@ -28,20 +28,24 @@ HF_ARCHITECTURES = {
     "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
     "SmolLM3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "rope_theta": 2000000.0,
                            "tie_word_embeddings": True},  # Llama's math, some layers without RoPE (nope_layers)
+    "GemmaForCausalLM": {"max_position_embeddings": 8192, "num_key_value_heads": 16, "head_dim": 256,
+                         "tie_word_embeddings": True},  # Gemma 1 (2B, 7B, CodeGemma)
     "Gemma3ForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 4, "head_dim": 256,
                           "rope_theta": 1000000.0, "tie_word_embeddings": True},  # Gemma 3 text (270M, 1B)
 }
-# an architecture -> the TransformerConfig fields of its block beyond Llama's (Gemma 3's config-dependent ones:
-# gemma3_fields; its norm offsets and attention scale are folded into the weights at load: gemma3_fold)
+# an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
+# FIELDS; their norm offsets and Gemma 3's attention scale are folded into the weights at load: FOLDS)
 BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm": True},
+          "GemmaForCausalLM": {"ffn_act": "gelu_tanh"},
           "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"}}
-# an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's)
-ACTIVATION_KEYS = {"Gemma3ForCausalLM": ("hidden_activation", ("gelu_pytorch_tanh",))}
+# an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
+# Gemma 1's legacy "gelu" is read by its class as the tanh approximation
+ACTIVATION_KEYS = {"GemmaForCausalLM": ("hidden_act", ("gelu_pytorch_tanh", "gelu")),
+                   "Gemma3ForCausalLM": ("hidden_activation", ("gelu_pytorch_tanh",))}
 SILU = ("hidden_act", ("silu", "swish"))  # every other architecture's: SwiGLU
 # architectures transformers has and specgen refuses, with the reason (the rest: "unsupported architecture")
 REFUSED_ARCHITECTURES = {
     "Gemma2ForCausalLM": "Gemma 2's attention and final logit softcapping (tanh) are not implemented",
-    "GemmaForCausalLM": "Gemma 1 (no sandwich or q/k norms) is not implemented; Gemma 3 text checkpoints are",
     "Gemma3ForConditionalGeneration": "a multimodal Gemma 3 checkpoint (vision tower and text model); import a "
                                       "text-only one (Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b and their -it)",
 }
@@ -49,6 +53,7 @@ REFUSED_ARCHITECTURES = {
 # refused then (specgen's q/k/v biases are Qwen2's, which that class always has)
 SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalLM": ("attention_bias",),
             "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"),
+            "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "final_logit_softcapping",
                                   "use_bidirectional_attention")}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
@@ -98,7 +103,7 @@ def hf_config(raw: dict) -> TransformerConfig:
     defaults = HF_ARCHITECTURES[arch]
     check_unsupported(raw, arch)
     check_numbers(raw)
-    raw, extra = FIELDS.get(arch, lambda r: (r, {}))(raw)  # Gemma 3: its global RoPE read as a flat one
+    raw, extra = FIELDS.get(arch, lambda r: (r, {}))(raw)  # the Gemmas: their embedding scale, Gemma 3's RoPEs
     n_heads = raw["num_attention_heads"]
     n_kv_heads = kv_heads(raw, arch, n_heads)
     if n_heads % n_kv_heads:  # grouped-query attention: each key/value head serves as many query heads
@@ -410,27 +415,36 @@ def gemma3_fields(raw: dict) -> tuple[dict, dict]:
     return flat, {"embed_scale": raw["hidden_size"] ** 0.5, "local_layers": layers, "local_rope_theta": theta}
 
 
+def gemma_fields(raw: dict) -> tuple[dict, dict]:
+    """A Gemma 1 config as hf_config reads it: Llama's keys, and the embedding scale sqrt(hidden_size) it adds."""
+    return raw, {"embed_scale": raw["hidden_size"] ** 0.5}
+
+
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
-FIELDS = {"Gemma3ForCausalLM": gemma3_fields}
+FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma3ForCausalLM": gemma3_fields}
+
+
+def gemma_norms(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A Gemma HF tensor with each norm's stored w as the 1 + w it multiplies by (float32, as transformers adds it)."""
+    return 1.0 + t if name.endswith("norm.weight") else t
 
 
 def gemma3_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """A Gemma 3 HF tensor as specgen's model reads it: a norm's stored w as the 1 + w it multiplies by (float32, as
-    transformers adds it), q's norm also times sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(
-    head_dim) scores are transformers' query_pre_attn_scalar^-1/2 ones (1 for 270M/1B, whose scalar is their head
-    size). RoPE turns q linearly, so the scale commutes with it."""
+    """A Gemma 3 HF tensor as specgen's model reads it: its norms' offsets folded (`gemma_norms`), q's norm also times
+    sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(head_dim) scores are transformers'
+    query_pre_attn_scalar^-1/2 ones (1 for 270M/1B, whose scalar is their head size). RoPE turns q linearly, so the
+    scale commutes with it."""
     scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
 
     def fold(name: str, t: torch.Tensor) -> torch.Tensor:
-        if name.endswith("norm.weight"):
-            t = 1.0 + t
+        t = gemma_norms(name, t)
         return t * scale if name.endswith("q_norm.weight") and scale != 1 else t
 
     return fold
 
 
 #: an architecture -> how its HF tensors become specgen's (name, stored float32 tensor -> tensor)
-FOLDS = {"Gemma3ForCausalLM": gemma3_fold}
+FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms, "Gemma3ForCausalLM": gemma3_fold}
 
 
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv

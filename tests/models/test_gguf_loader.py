@@ -18,8 +18,8 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma3_model, hf_model, logits,
-                                          tokens)
+from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model, gemma3_model,
+                                          hf_model, logits, tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -266,6 +266,26 @@ def test_a_gguf_rope_scaling_the_loader_does_not_map_is_refused(keys, needle, tm
     write_gguf(tmp_path / "s.gguf", cfg, state, **keys)
     with pytest.raises(UsageError, match=f"s.gguf sets llama.{needle}, which specgen's GGUF loader does not map"):
         load_gguf(tmp_path / "s.gguf")
+
+
+def test_a_gemma_gguf_decodes_as_transformers_gemma(tmp_path):
+    """A gemma (Gemma 1) GGUF: norms with the converter's + 1, GeGLU and the sqrt(dim) embedding scale, which no key
+    holds (llama.cpp's gemma loader sets them), give transformers' logits, and so does the hf row's export of it.
+    Control: no embedding scale."""
+    theirs = gemma1_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "g.gguf", loaded.cfg, loaded.state, arch="gemma")
+    got = load_gguf(tmp_path / "g.gguf")
+    assert dataclasses.replace(got.cfg, norm_eps=1e-6) == loaded.cfg  # (the epsilon: a float32 key)
+    ours = Transformer(got.cfg).eval()
+    ours.load_state_dict(got.state, strict=False)
+    x = tokens(40)
+    assert_same(ours, theirs, x)
+    assert_same(to_hf(ours), theirs, x)
+    wrong = Transformer(dataclasses.replace(got.cfg, embed_scale=1.0)).eval()
+    wrong.load_state_dict(got.state, strict=False)
+    assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)
 
 
 def gemma3_gguf(tmp_path, **keys) -> tuple:

@@ -20,7 +20,7 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import GEMMA, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model, unwindowed
+from tests.conftest import GEMMA, GEMMA1, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model, unwindowed
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -154,6 +154,9 @@ TARGETS = {
     # Gemma 3: scaled embedding, GeGLU, sandwich and q/k norms, a local layer with its own RoPE base; the scale and
     # the local base each change the tokens
     "gemma": (GEMMA, 24, [{**GEMMA, "embed_scale": 1.0}, {**GEMMA, "local_layers": (1,)}]),
+    # Gemma 1: scaled embedding and GeGLU in Llama's block (its residual adds in the fused norms); each changes the
+    # tokens
+    "gemma1": (GEMMA1, 24, [{"ffn_act": "gelu_tanh"}, {"embed_scale": 32**0.5}]),
     # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
     **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
 }

@@ -288,7 +288,8 @@ def raw_llama(**over) -> dict:
     (dict(rope_scaling={"type": "ntk-by-parts"}), "rope_type"),
     (dict(rope_parameters={"full_attention": {"rope_type": "default"}}), "rope_parameters"),
     (dict(rope_scaling={"rope_type": "linear"}), "factor"),
-    (dict(architectures=["GemmaForCausalLM"]), "GemmaForCausalLM"),
+    *[(dict(architectures=["GemmaForCausalLM"], **{key: value}), key)
+      for key, value in (("attention_bias", True), ("use_bidirectional_attention", True), ("hidden_act", "silu"))],
     (dict(architectures=["Gemma2ForCausalLM"]), "Gemma 2's attention and final logit softcapping"),
     (dict(architectures=["Gemma3ForConditionalGeneration"]), "import a text-only one (Gemma3ForCausalLM"),
     *[(dict(architectures=["Gemma3ForCausalLM"], **{key: value}), key)
@@ -533,10 +534,20 @@ GEMMA3_CASES = {"gemma3": {}, "gemma3-linear": dict(rope_scaling={"rope_type": "
 
 def gemma3_model(**over):
     """A random tiny transformers Gemma3ForCausalLM; its norms store offsets around 0 (it multiplies by 1 + w)."""
-    cfg = transformers.Gemma3TextConfig(**{**SHAPE, **GEMMA3, **over})
-    cfg.architectures = ["Gemma3ForCausalLM"]
+    return gemma_model("Gemma3ForCausalLM", transformers.Gemma3TextConfig(**{**SHAPE, **GEMMA3, **over}))
+
+
+def gemma1_model(**over):
+    """A random tiny transformers GemmaForCausalLM (Gemma 1), its norms' offsets around 0."""
+    return gemma_model("GemmaForCausalLM", transformers.GemmaConfig(
+        **{**SHAPE, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0, **over}))
+
+
+def gemma_model(arch: str, cfg):
+    """A random tiny transformers Gemma of class `arch` and config `cfg`, its norms' offsets around 0."""
+    cfg.architectures = [arch]
     torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg).float().eval()
+    model = getattr(transformers, arch)(cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(0.2 * torch.randn_like(p) if name.endswith("norm.weight") else 0.3 * torch.randn_like(p))
@@ -581,6 +592,46 @@ def test_gemma3_logits_equal_transformers(case, tmp_path):
     assert len(controls) == (4 if case == "gemma3-untied-head-size-scalar" else 5)
     for name, wrong in controls.items():
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+@pytest.mark.parametrize("case", ["tied", "untied", "legacy-gelu"])
+def test_gemma1_logits_equal_transformers(case, tmp_path):
+    """Gemma 1 loads exactly: each norm's offset folded (1 + w), the sqrt(hidden) embedding scale, GeGLU (its legacy
+    `hidden_act: gelu` read as the tanh form, as its class reads it), Llama's attention; the hf row's export is
+    transformers' GemmaForCausalLM. Controls: no norm offsets, no embedding scale, SwiGLU, each visibly wrong."""
+    theirs = gemma1_model(tie_word_embeddings=case != "untied")
+    theirs.save_pretrained(tmp_path)
+    if case == "legacy-gelu":  # gemma-2b's and gemma-7b's config.json
+        raw = json.loads((tmp_path / "config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps({**raw, "hidden_act": "gelu"}))
+    ours = load(tmp_path)
+    cfg = ours.cfg
+    assert (cfg.ffn_act, cfg.embed_scale, cfg.sandwich_norms, cfg.qk_norm, cfg.local_layers) == (
+        "gelu_tanh", 32**0.5, False, False, ())
+    x = tokens(60)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    exported = to_hf(ours)
+    assert type(exported).__name__ == "GemmaForCausalLM"
+    assert_same(ours, exported, x)
+    state = ours.state_dict()
+    for c, s in ((cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
+                 (dataclasses.replace(cfg, embed_scale=1.0), state), (dataclasses.replace(cfg, ffn_act="silu"), state)):
+        wrong = Transformer(c).eval()
+        wrong.load_state_dict(s)
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2
+
+
+def test_a_gemma1_config_without_its_keys_takes_transformers_class_defaults():
+    """Gemma 1's class defaults: head size 256, 16 KV heads, RoPE base 1e4, a tied head, an 8192 context, GeGLU."""
+    raw = {k: v for k, v in SHAPE.items() if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings")}
+    raw |= {"num_attention_heads": 16}
+    theirs = transformers.GemmaConfig(**raw)
+    cfg = hf_config({**raw, "architectures": ["GemmaForCausalLM"]})
+    assert (cfg.hd, cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len) == (
+        theirs.head_dim, theirs.num_key_value_heads, True, theirs.max_position_embeddings) == (256, 16, True, 8192)
+    assert cfg.rope_theta == theirs.rope_parameters["rope_theta"] == 1e4
+    assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and theirs.hidden_act == "gelu_pytorch_tanh"
 
 
 def test_a_legacy_gemma3_config_reads_the_same(tmp_path):
@@ -630,11 +681,11 @@ def test_gemma3_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp_
 @pytest.mark.parametrize("over", [dict(ffn_act="silu"), dict(embed_scale=2.0), dict(qk_norm=False),
                                   dict(nope_layers=(1,)), dict(rope_layout="interleaved")])
 def test_a_gemma_block_that_gemma3_cannot_express_is_not_exported(over):
-    """to_hf builds Gemma3ForCausalLM for sandwich norms only with the rest of Gemma 3's block; Gemma's fields without
-    sandwich norms have no transformers class at all."""
+    """to_hf builds Gemma3ForCausalLM for sandwich norms only with the rest of Gemma 3's block, and GemmaForCausalLM
+    for Gemma's fields without them only with the rest of Gemma 1's (here: q/k norms, which it has not)."""
     from tests.conftest import GEMMA, tiny_model
 
     with pytest.raises(ValueError, match="Gemma 3|SmolLM3"):  # (NoPE layers: SmolLM3's, which has no q/k norms)
         to_hf(tiny_model(0, **{**GEMMA, "local_layers": (0,) if "nope_layers" in over else (1,), **over}))
-    with pytest.raises(ValueError, match="sandwich norms"):
+    with pytest.raises(ValueError, match="as Gemma 1"):  # without sandwich norms: Gemma 1's class, no q/k norms
         to_hf(tiny_model(0, **{**GEMMA, "sandwich_norms": False}))
