@@ -14,6 +14,7 @@ from specgen.paths import atomic_write, check_folder
 
 
 def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """`tensors` (made contiguous) as one safetensors file at `path`, written whole (`paths.atomic_write`)."""
     atomic_write(path, lambda p: registry.save_safetensors({k: v.contiguous() for k, v in tensors.items()}, p,
                                                            metadata, name=path))
 
