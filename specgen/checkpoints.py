@@ -16,7 +16,7 @@ import torch
 
 from specgen import registry
 from specgen.builders import BUILDERS
-from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
+from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint, builtin_named
 from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
@@ -142,9 +142,7 @@ def modality_of(name: str) -> str:
     """The modality of an entry ("text" when its config records none), read without materialising a built-in."""
     meta = registry.installed_meta(name)
     if meta is None:
-        kind, _, bare = name.rpartition("/")
-        b = BUILTINS.get(bare)
-        if b is not None and kind in ("", b.kind):
+        if (b := builtin_named(name)) is not None:
             return b.asset.partition("/")[0] or "text"  # specgen/assets/<modality>/...; the GGUF one is text
         meta = find(name).meta
     return meta.get("modality", "text")
@@ -157,9 +155,7 @@ def declared_meta(name: str) -> dict:
     meta = registry.installed_meta(name)
     if meta is not None:
         return meta
-    kind, _, bare = name.rpartition("/")
-    b = BUILTINS.get(bare)
-    if b is None or kind not in ("", b.kind):
+    if (b := builtin_named(name)) is None:
         return {}
     shipped = ASSETS / b.asset / CONFIG
     return json.loads(shipped.read_text()) if b.asset and shipped.is_file() else dict(b.declared)
