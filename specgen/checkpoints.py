@@ -245,11 +245,17 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
                               f"unexpected {sorted(unexpected)[:3]})")
 
 
-def declared_params(builder: str, kwargs: dict) -> int | None:
-    """Parameters of the builder's module counted on the meta device, nothing allocated (None: it does not build
-    there; the real build then says why)."""
+def meta_module(builder: str, kwargs: dict) -> torch.nn.Module | None:
+    """The builder's module on the meta device, nothing allocated (None: it does not build there; the real build then
+    says why)."""
     try:
         with torch.device("meta"), random_fills_skipped():  # a meta fill may import torch._dynamo
-            return sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+            return BUILDERS[builder](**kwargs)
     except Exception:  # noqa: BLE001 - see above
         return None
+
+
+def declared_params(builder: str, kwargs: dict) -> int | None:
+    """Parameters of the builder's module counted on the meta device (`meta_module`; None where it does not build)."""
+    module = meta_module(builder, kwargs)
+    return None if module is None else sum(p.numel() for p in module.parameters())
