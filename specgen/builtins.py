@@ -167,3 +167,9 @@ BUILTINS: dict[str, Builtin] = {
                   SMOLLM2_DECLARED) for n, (d, recipe) in TEXT_DISTILLED.items()},  # SmolLM2 with a LoRA merged
 }
 registry.RESERVED.update(BUILTINS)  # the store refuses these names to every writer but the materialisers
+
+
+def builtin_named(name: str) -> Builtin | None:
+    """The built-in a bare name or `kind/name` names, or None."""
+    kind, _, bare = name.rpartition("/")
+    return b if (b := BUILTINS.get(bare)) is not None and kind in ("", b.kind) else None

@@ -16,7 +16,7 @@ import torch
 
 from specgen import registry
 from specgen.builders import BUILDERS
-from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint
+from specgen.builtins import ASSETS, BUILTINS, Progress, asset_fingerprint, builtin_named
 from specgen.errors import CheckpointError, UnknownNameError, UsageError
 from specgen.limits import check_declared_size
 from specgen.models import layout_cache
@@ -142,9 +142,7 @@ def modality_of(name: str) -> str:
     """The modality of an entry ("text" when its config records none), read without materialising a built-in."""
     meta = registry.installed_meta(name)
     if meta is None:
-        kind, _, bare = name.rpartition("/")
-        b = BUILTINS.get(bare)
-        if b is not None and kind in ("", b.kind):
+        if (b := builtin_named(name)) is not None:
             return b.asset.partition("/")[0] or "text"  # specgen/assets/<modality>/...; the GGUF one is text
         meta = find(name).meta
     return meta.get("modality", "text")
@@ -157,9 +155,7 @@ def declared_meta(name: str) -> dict:
     meta = registry.installed_meta(name)
     if meta is not None:
         return meta
-    kind, _, bare = name.rpartition("/")
-    b = BUILTINS.get(bare)
-    if b is None or kind not in ("", b.kind):
+    if (b := builtin_named(name)) is None:
         return {}
     shipped = ASSETS / b.asset / CONFIG
     return json.loads(shipped.read_text()) if b.asset and shipped.is_file() else dict(b.declared)
@@ -249,11 +245,17 @@ def load_state(module: torch.nn.Module, entry: Entry) -> None:
                               f"unexpected {sorted(unexpected)[:3]})")
 
 
-def declared_params(builder: str, kwargs: dict) -> int | None:
-    """Parameters of the builder's module counted on the meta device, nothing allocated (None: it does not build
-    there; the real build then says why)."""
+def meta_module(builder: str, kwargs: dict) -> torch.nn.Module | None:
+    """The builder's module on the meta device, nothing allocated (None: it does not build there; the real build then
+    says why)."""
     try:
         with torch.device("meta"), random_fills_skipped():  # a meta fill may import torch._dynamo
-            return sum(p.numel() for p in BUILDERS[builder](**kwargs).parameters())
+            return BUILDERS[builder](**kwargs)
     except Exception:  # noqa: BLE001 - see above
         return None
+
+
+def declared_params(builder: str, kwargs: dict) -> int | None:
+    """Parameters of the builder's module counted on the meta device (`meta_module`; None where it does not build)."""
+    module = meta_module(builder, kwargs)
+    return None if module is None else sum(p.numel() for p in module.parameters())

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from specgen import registry
@@ -17,6 +17,12 @@ def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict
     """`tensors` (made contiguous) as one safetensors file at `path`, written whole (`paths.atomic_write`)."""
     atomic_write(path, lambda p: registry.save_safetensors({k: v.contiguous() for k, v in tensors.items()}, p,
                                                            metadata, name=path))
+
+
+def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """What `save_tensors` wrote: the tensors and the metadata (OSError, SafetensorError where unreadable)."""
+    with safe_open(str(path), "pt") as f:
+        return load_file(str(path)), f.metadata() or {}
 
 
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],

@@ -14,6 +14,7 @@ import torch
 from specgen import registry
 from specgen.builders import BUILDERS
 from specgen.builtins import BUILTINS
+from specgen.checkpoints import meta_module
 from specgen.config import load_config, read_recipe
 from specgen.config_checks import AUTO_DEVICE, TooManyThreads
 from specgen.data.prompts import PromptSourceError
@@ -408,11 +409,5 @@ def check_weights(entry: registry.Entry) -> tuple[bool, str]:
 def expected_shapes(meta: dict) -> dict[str, tuple[int, ...]] | None:
     """Tensor name -> shape of the module `meta` describes, built on the meta device; None when not buildable."""
     builder, kwargs = meta.get("builder"), meta.get("kwargs")
-    if builder not in BUILDERS or not isinstance(kwargs, dict):
-        return None
-    try:
-        with torch.device("meta"):
-            module = BUILDERS[builder](**kwargs)
-    except Exception:  # noqa: BLE001 - a builder that cannot run on the meta device
-        return None
-    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    module = meta_module(builder, kwargs) if builder in BUILDERS and isinstance(kwargs, dict) else None
+    return None if module is None else {k: tuple(v.shape) for k, v in module.state_dict().items()}

@@ -17,7 +17,7 @@ from specgen.eval.run_dir import Grid, RunNotFinished
 from specgen.eval.speed import Timed, merged
 from specgen.eval.sweeps import (Entries, Sweep, check_rows, dtypes_on, entries, expand, merged_table, sweeps_of,
                                  sweeps_on)
-from specgen.generate.mesh import check_budget, decode_tokens, load_mesh_model, token_budget
+from specgen.generate.mesh import check_budget, decode_tokens, load_mesh_model, mesh_streams, token_budget
 from specgen.mesh.export import clean_mesh
 from specgen.mesh.metrics import mesh_distances
 from specgen.mesh.pointcloud import point_cloud
@@ -228,12 +228,9 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
     use = GraphUse(steps, sink, shard)
     use.write({"machine": machine(), "references": reference_distances([ref for ref, _ in clouds])})
 
-    def streams(i: int) -> tuple[torch.Generator, torch.Generator]:
-        return torch.Generator().manual_seed(cfg.seed + i), torch.Generator().manual_seed(10_000_019 + cfg.seed + i)
-
     def decode(label: str, i: int):
         return decoders[label].generate_batch([clouds[i][1]], params, max_tokens, by_label[label].opts,
-                                              *zip(streams(i)))[0]
+                                              *zip(mesh_streams(cfg.seed, i)))[0]
 
     def one(i: int) -> dict:
         runs = {}
@@ -244,7 +241,7 @@ def measure_meshes(cfg: MeshBenchConfig, sink, shard: Shard = Shard(), on_item=l
         return runs
 
     def decode_batch(b: int, label: str, mine: list[int]):
-        gens, dgens = zip(*(streams(i) for i in mine))
+        gens, dgens = zip(*(mesh_streams(cfg.seed, i) for i in mine))
         return decoders[label].generate_batch([clouds[i][1] for i in mine], params, max_tokens, by_label[label].opts,
                                               gens, dgens, b)
 

@@ -188,21 +188,21 @@ def expand(sweeps: Iterable[Sweep], bases: Iterable[str], check: Callable[[str, 
     return list(out.values())
 
 
-def merged_table(old: dict | None, new: dict | None, old_name: str, new_name: str = "options") -> dict:
+def merged_table(old: dict | None, new: dict | None, old_name: str) -> dict:
     """One row -> {option: value} table from the older key (`method_options`, `row_options`) and `options`;
     a setting both give with different values is refused (which one wins would be a guess), and so is an entry
     that is no mapping (a bare `options.OPTION` means nothing where rows are of several methods)."""
-    for name, table in ((old_name, old), (new_name, new)):
+    for name, table in ((old_name, old), ("options", new)):
         bad = next((k for k, v in (table or {}).items() if not isinstance(v, dict)), None)
         if bad is not None:
-            raise UsageError(f"{name}.{bad} must map a row's options to values, e.g. {new_name}.ROW.{bad}=VALUE; "
+            raise UsageError(f"{name}.{bad} must map a row's options to values, e.g. options.ROW.{bad}=VALUE; "
                              f"got {table[bad]!r}")
     out = {k: dict(v) for k, v in (old or {}).items()}
     for key, value in (new or {}).items():
         for option, v in value.items():
             if option in out.get(key, {}) and out[key][option] != v:
-                raise UsageError(f"{old_name}.{key}.{option} ({out[key][option]!r}) and {new_name}.{key}.{option} "
-                                 f"({v!r}) disagree: {old_name} is the older name of {new_name}; set it once")
+                raise UsageError(f"{old_name}.{key}.{option} ({out[key][option]!r}) and options.{key}.{option} "
+                                 f"({v!r}) disagree: {old_name} is the older name of options; set it once")
         out[key] = {**out.get(key, {}), **value}
     return out
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from specgen import checkpoints, registry
-from specgen.builtins import BUILTINS
+from specgen.builtins import builtin_named
 from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_records
 from specgen.decoding.cost import Tokens, cost_of
@@ -94,9 +94,7 @@ def row_model(row: str) -> str | None:
     if method == "ar" or not at:
         return tag if at else None
     base = tag.split("+")[0]
-    kind, _, bare = base.rpartition("/")
-    named = registry.installed_meta(base) is not None or (bare in BUILTINS and kind in ("", BUILTINS[bare].kind))
-    return tag if named else None
+    return tag if registry.installed_meta(base) is not None or builtin_named(base) is not None else None
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:

@@ -194,14 +194,19 @@ def mesh_options(req: DecodeRequest[MeshGenConfig]) -> XSpecMeshOptions:
     return req.options if isinstance(req.options, XSpecMeshOptions) else XSpecMeshOptions()
 
 
+def mesh_streams(seed: int, i: int) -> tuple[torch.Generator, torch.Generator]:
+    """Mesh i's sampling and draft streams under `seed`: a benchmark's row draws what `generate` draws."""
+    return torch.Generator().manual_seed(seed + i), torch.Generator().manual_seed(10_000_019 + seed + i)
+
+
 def generate_meshes(loaded, conds: list[Condition], req: DecodeRequest[MeshGenConfig],
                     on_mesh=None) -> list[MeshSample]:
     """Decode every condition with `loaded.decoder` (heads present = xspecmesh, absent = ar). `on_mesh(i, sample)`:
     mesh i as soon as it is decoded, before the batch ends (its `stats` are filled in the returned samples)."""
     cfg, opts, heads = req.cfg, mesh_options(req), loaded.decoder.heads
     max_tokens = token_budget(loaded, 0 if heads is None else opts.num_heads or heads.num_heads, cfg.max_new_tokens)
-    gens = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(conds))]
-    draft_gens = [torch.Generator().manual_seed(10_000_019 + cfg.seed + i) for i in range(len(conds))]
+    streams = [mesh_streams(cfg.seed, i) for i in range(len(conds))]
+    gens, draft_gens = [g for g, _ in streams], [d for _, d in streams]
     tokens: list[list[int]] = [[] for _ in conds]  # as accepted: a finished mesh's tokens before the batch ends
     samples: dict[int, MeshSample] = {}
 

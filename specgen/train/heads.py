@@ -11,8 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 
 from specgen import checkpoints, devices, registry
 from specgen.decoding.sampling import SamplingParams, logits_to_probs
@@ -22,7 +21,7 @@ from specgen.mesh.procedural import ProceduralSpec
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.models.heads import HEAD_KINDS, HeadsConfig, XSpecMeshHeads
 from specgen.models.mesh import MeshGPT
-from specgen.tensor_files import save_tensors
+from specgen.tensor_files import load_tensors, save_tensors
 from specgen.train.checkpoint import half, publish
 from specgen.train.loop import At, Loop, LoopOptions, Optim, Progress, StateFile, TrainTask, check_choices
 from specgen.train.lora import apply_lora, check_targets, lora_disabled, lora_state, merge_lora
@@ -290,9 +289,7 @@ class HeadsTrainer:
         path = self.out / "labels.safetensors"
         if path.exists():
             try:
-                with safe_open(str(path), "pt") as f:
-                    have = f.metadata() or {}
-                t = load_file(str(path))
+                t, have = load_tensors(path)
             except (OSError, SafetensorError) as e:
                 raise CheckpointError(f"corrupt labels file {path}: {e}; delete it to regenerate the labels") from None
             k = next((k for k in want if have.get(k) != want[k]), None)  # none recorded: made by an older specgen

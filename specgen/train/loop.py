@@ -12,13 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file
+from safetensors import SafetensorError
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from specgen.devices import resolve_device
 from specgen.errors import CheckpointError, UsageError
-from specgen.tensor_files import save_tensors
+from specgen.tensor_files import load_tensors, save_tensors
 from specgen.train.checkpoint import StaleStateError
 
 #: The tensor of the global torch RNG state in a train state.
@@ -200,9 +199,7 @@ class StateFile:
         if not path.is_file():
             return None
         try:
-            with safe_open(str(path), "pt") as f:
-                raw = f.metadata() or {}
-            tensors = load_file(str(path))
+            tensors, raw = load_tensors(path)
             meta = json.loads(raw.get("meta", "null"))
         except (OSError, ValueError, SafetensorError) as e:
             raise CheckpointError(f"corrupt training state {path}: {e}") from None
