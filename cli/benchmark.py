@@ -162,7 +162,7 @@ def benchmark(
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
         # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
         checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}
-        return benchmark_runs.print_dry_run(config, overrides, checked, fmt, run_dir, shard, out, append)
+        return benchmark_runs.print_dry_run(config, overrides, checked, fmt, run_dir, shard, out, append, spelled)
     if limit is not None and limit < 1:  # said as given (the images suite's key is `num`; a dry run's row names it)
         raise UsageError(f"--limit must be >= 1, got {limit}")
     if run_dir is not None and (prompts or recipe_key(config, overrides, "prompts")) == "-":

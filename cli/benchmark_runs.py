@@ -288,10 +288,12 @@ def show(suite: Suite, rows: list[dict], p, sink, fmt, out: Path | None, append:
 
 
 def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: dict, fmt, run_dir: Path | None = None,
-                  shard: str | None = None, out: Path | None = None, append: bool = False) -> None:
-    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone) and those of
-    where the run writes (`place_checks`) as a table (or JSON); exit 1 when one fails."""
-    rows = check_recipe(config, overrides, explicit) + place_checks(run_dir, shard, out, append)
+                  shard: str | None = None, out: Path | None = None, append: bool = False,
+                  spelled: dict[str, str] | None = None) -> None:
+    """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone; an earlier
+    run in `run_dir` compared with them as the run compares it) and those of where the run writes (`place_checks`)
+    as a table (or JSON); exit 1 when one fails."""
+    rows = check_recipe(config, overrides, explicit, run_dir, spelled) + place_checks(run_dir, shard, out, append)
     if fmt == Format.json:
         _output.emit_json(rows)
     else:
@@ -304,11 +306,11 @@ def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: di
 def place_checks(run_dir: Path | None, shard: str | None, out: Path | None, append: bool) -> list[dict]:
     """--shard, --run-dir and --out (--append) checked as the run checks them before its work, one row each given: a
     job's own line dry-run first (`--run-dir runs/x --shard $ID/8`) must not pass what the job then refuses. Nothing
-    is written (an earlier run's config is compared when the run opens the folder)."""
+    is written (an earlier run's config is compared by `check_recipe`: its `resume` row)."""
     def run_dir_detail() -> str:
         RunDir.check_place(run_dir)
         if (run_dir / "run.json").exists():
-            return f"{run_dir}: an earlier {RunDir.existing(run_dir).suite} run, resumed if its config is this one"
+            return f"{run_dir}: an earlier {RunDir.existing(run_dir).suite} run"
         return f"{run_dir}: a new run"
 
     def shard_detail() -> str:

@@ -69,8 +69,8 @@ def generate(
         "--num", "-n", help="\\[image, mesh] Number of images (default 8, or one per caption) or of procedural test "
                             "meshes (default 4; not with --point-clouds); >= 1.")] = None,
     classes: Annotated[Optional[str], typer.Option(
-        "--classes", help="\\[image] Comma-separated class names or ids, cycled over the --num images (default: "
-                          "every class in turn).")] = None,
+        "--classes", help="\\[image] Comma-separated class names or ids, cycled over the --num images, at most "
+                          "--num of them (default: every class in turn).")] = None,
     cfg_scale: Annotated[Optional[float], typer.Option(
         "--cfg-scale", help="\\[image] Classifier-free guidance scale in (0, 50]; 1 = none (default 4).")] = None,
     captions: Annotated[Optional[Path], typer.Option(

@@ -53,9 +53,13 @@ def read_state_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-# builders whose modules are only ever one kind of entry (the rest build targets, or text drafters as targets)
-KIND_OF = {"eagle": "draft", "xspecmesh_heads": "heads", "vq": "vq", "image-classifier": "classifier",
-           "mulo-updown": "upsampler"}
+#: builder -> the entry kinds its module can be, the first its usual one (a text GPT is also a text drafter of its
+#: own: `hf-assisted`'s draft); another kind is refused (a classifier stored as a target reads as a 'text model')
+KINDS_OF = {"transformer": ("target", "draft"), "quantized-transformer": ("target", "draft"), "mesh_gpt": ("target",),
+            "llamagen-gpt": ("target",), "eagle": ("draft",), "xspecmesh_heads": ("heads",), "vq": ("vq",),
+            "image-classifier": ("classifier",), "mulo-updown": ("upsampler",)}
+#: builders of drafters bound to one target (they read its features; each use checks the parent): --parent needed
+BOUND = {"eagle": "a drafter", "xspecmesh_heads": "heads"}
 
 
 def import_checkpoint(source: Path, name: str, kind: str = "target", builder: str | None = None,
@@ -88,9 +92,11 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
         raise UsageError("a raw state dict needs --builder and --kwargs (a JSON file of builder arguments)")
     if builder not in BUILDERS:
         raise UsageError(f"unknown builder '{builder}'; builders: {', '.join(BUILDERS)}")
-    if KIND_OF.get(builder, kind) != kind:  # else e.g. a classifier stored as a target reads as a 'text model'
-        made = KIND_OF[builder]
-        raise UsageError(f"builder {builder} makes a {made} entry, not a {kind}: add --kind {made}")
+    if kind not in KINDS_OF[builder]:
+        made = KINDS_OF[builder]
+        raise UsageError(f"builder {builder} makes a {' or '.join(made)} entry, not a {kind}: add --kind {made[0]}")
+    if builder in BOUND and parent is None:  # else registered, then refused by every use: no target to draft for
+        raise UsageError(f"builder {builder} makes {BOUND[builder]} of one target: name it with --parent TARGET")
     if vq and builder not in IMAGE_BUILDERS:
         raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:

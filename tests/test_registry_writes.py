@@ -387,7 +387,7 @@ def test_no_sequence_of_imports_trainings_and_removes_changes_a_builtin(tmp_path
         save_file({k: v.clone() for k, v in tiny.state_dict().items()}, str(src))
         kwargs.write_text(json.dumps(tiny.cfg.to_dict()))
         for op, name, force in ops:
-            kind = SMALL_BUILTINS.get(name, "heads")
+            kind = SMALL_BUILTINS.get(name, "draft")  # a text GPT imports as a target or a (text) drafter
             try:
                 if op == "import":
                     import_checkpoint(src, name, kind, "transformer", kwargs, force=force)

@@ -23,6 +23,7 @@ from specgen.errors import SpecgenError, UsageError
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, options_of
 from specgen.eval.mesh_bench import check_run, variants
+from specgen.eval.run_dir import RunDir
 from specgen.eval.sweeps import Entries, entry_tables
 from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
 from specgen.memory import size
@@ -118,10 +119,13 @@ def recipe_kind(doc: dict, comments: str, overrides: list[str], file_name: str =
     return fits[0][1]
 
 
-def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit: dict | None = None) -> list[dict]:
+def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit: dict | None = None,
+                 run_dir: Path | None = None, spelled: dict[str, str] | None = None) -> list[dict]:
     """One `{"check", "ok", "detail"}` row per check; a recipe that cannot be read or placed is a UsageError.
     `explicit`: the command line's options (config key -> value; `suite` a known suite), applied as the run would.
-    No `path`: the command line alone, as a recipe of no keys (`explicit` then names its suite)."""
+    No `path`: the command line alone, as a recipe of no keys (`explicit` then names its suite). `run_dir`: a
+    benchmark's --run-dir, whose recorded run (if any) must be this config's (`spelled`: key -> the option that set
+    it, as the run's refusal names it)."""
     path = None if path is None else Path(path)
     overrides, explicit = list(overrides or []), dict(explicit or {})
     raw = {} if path is None else read_recipe(path)  # UsageError: missing, not UTF-8, invalid YAML, not a mapping
@@ -132,7 +136,8 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
     name = "the command line" if path is None else path.name
     rows = [row("recipe", True, f"{name}: for `{KINDS[kind].command}` ({cls.__name__}{suite})"),
             *([row("suite", True, kind)] if suite else [])]
-    cfg = load_checked(cls, path, overrides, raw, rows, explicit)
+    threads: dict[str, int] = {}  # thread keys past this machine's CPUs -> the recipe's count, which its node runs
+    cfg = load_checked(cls, path, overrides, raw, rows, explicit, threads)
     if cfg is None:
         return rows
     if kind in PICKS:
@@ -140,6 +145,8 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
             cfg = picked_rows(kind, cfg, explicit, raw)
         except UsageError as e:  # an `options` entry no row reads (a typo)
             return rows + [row("rows", False, str(e).splitlines()[0])]
+        if run_dir is not None and (run_dir / "run.json").is_file():
+            rows.append(resume_row(run_dir, kind, replace(cfg, **threads), spelled))
     names = [(key, getattr(cfg, key, "")) for key in KINDS[kind].entries]
     if kind in SUITE_PLANS:
         try:
@@ -170,10 +177,11 @@ def check_recipe(path: Path | None, overrides: list[str] | None = None, explicit
     return rows
 
 
-def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict], given: dict):
+def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: list[dict], given: dict,
+                 threads: dict[str, int]):
     """The config or None, its rows added to `rows`: keys and values through `load_config` (with the options
     `given`), the device and thread counts checked apart (a recipe for a GPU node names cuda and the node's CPUs,
-    which this machine may lack)."""
+    which this machine may lack: loaded at this machine's count, the node's put in `threads`, key -> count)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     explicit = {**given, "device": "cpu"} if "device" in fields else dict(given)
     node = []  # thread counts past this machine's CPUs: loaded at its count, checked where the recipe runs
@@ -184,7 +192,7 @@ def load_checked(cls: type, path: Path, overrides: list[str], raw: dict, rows: l
         except TooManyThreads as e:
             node.append(row(e.key, True, f"{e.threads}: more than this machine's {e.cpus} CPUs; checked when the "
                                          "recipe runs on its node"))
-            explicit[e.key] = e.cpus
+            explicit[e.key], threads[e.key] = e.cpus, e.threads
         except UsageError as e:
             rows.append(row("config", False, str(e)))
             return None
@@ -219,6 +227,15 @@ def checked(check: str, run: Callable[[], object], detail: str) -> dict:
     except SpecgenError as e:
         return row(check, False, str(e).splitlines()[0])
     return row(check, True, detail)
+
+
+def resume_row(run_dir: Path, suite: str, cfg: Any, spelled: dict[str, str] | None) -> dict:
+    """Would the run continue the run recorded in `run_dir`? `cfg`: the config as the run records it (picked rows,
+    the node's device and threads), compared as `RunDir.open` compares it (the plan's inputs, such as an edited
+    prompt file, are compared when the run opens the folder)."""
+    return checked("resume", lambda: RunDir(run_dir, suite, dataclasses.asdict(cfg))
+                   .check_continues(RunDir.existing(run_dir), spelled),
+                   f"{run_dir}: its run's config is this one; the run resumes it")
 
 
 def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:

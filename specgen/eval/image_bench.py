@@ -206,7 +206,7 @@ def measure_images(im: ImageModel, cfg: ImageBenchConfig, sink, shard: Shard = S
     `cfg`: a plan (`checked_rows`)."""
     # [num] class ids or captions, checked as `generate` checks them (its flags named as the benchmark's keys)
     conditions = image_conditions(im, ImageGenConfig(num=cfg.num, classes=list(cfg.classes), captions=cfg.captions),
-                                  {"classes": "classes=[...]", "captions": "captions=FILE"})
+                                  {"classes": "classes=[...]", "captions": "captions=FILE", "num": "num (--limit)"})
     parts = conditioned(im, cfg.cfg_scale, conditions[0])[0]
     # a method that cannot run here (mulo-sd on t2i, no EAGLE drafter): one line, up front
     drafters = [build_image_method(method_of(m), parts, options_of(cfg, m))[0] for m in cfg.methods]

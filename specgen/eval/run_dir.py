@@ -158,9 +158,23 @@ class RunDir:
             run.made = made
             return run
         started = cls.existing(path)
-        if started.suite != suite:
-            raise UsageError(f"--run-dir {path} holds a {started.suite} run, not {suite}; name another folder")
-        old, new = flatten(started.config), flatten(run.config)
+        run.check_continues(started, spelled)
+        if started.resolved is not None and run.resolved != started.resolved:  # an older specgen's folder has none
+            old, new = flatten(started.resolved), flatten(run.resolved or {})
+            key = next(k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k))  # the first in order
+            raise UsageError(f"--run-dir {path} was started on other inputs: {key} ({old.get(key, '<unset>')!r} -> "
+                             f"{new.get(key, '<unset>')!r}; an edited prompt file?); restore them to resume, or name "
+                             "a new folder")
+        return run
+
+    def check_continues(self, started: "RunDir", spelled: dict[str, str] | None = None) -> None:
+        """Refuse in one line to continue `started`, the run its folder records, as this run: another suite, or
+        another config (naming the keys that differ, each as `spelled` gives it: key -> the option that set it).
+        `open` checks it, and a dry run, which has the config but not the plan's inputs (`resolved`)."""
+        path = started.path
+        if started.suite != self.suite:
+            raise UsageError(f"--run-dir {path} holds a {started.suite} run, not {self.suite}; name another folder")
+        old, new = flatten(started.config), flatten(self.config)
         # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
         added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
         changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
@@ -171,13 +185,6 @@ class RunDir:
             more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
             raise UsageError(f"--run-dir {path} was started with another config: {shown}{more}; rerun with "
                              "the same options to resume, or name a new folder")
-        if started.resolved is not None and run.resolved != started.resolved:  # an older specgen's folder has none
-            old, new = flatten(started.resolved), flatten(run.resolved or {})
-            key = next(k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k))  # the first in order
-            raise UsageError(f"--run-dir {path} was started on other inputs: {key} ({old.get(key, '<unset>')!r} -> "
-                             f"{new.get(key, '<unset>')!r}; an edited prompt file?); restore them to resume, or name "
-                             "a new folder")
-        return run
 
     @staticmethod
     def check_place(path: Path) -> None:

@@ -156,7 +156,7 @@ MAX_LISTED = 32  # class names an unknown one's refusal lists (ImageNet's 1000 w
 DEFAULT_NUM = 8  # c2i images when `num` is 0
 MAX_DRAFT = 128  # the loop's cap on a row's draft depth (a tree's nodes past it: its pool's max_feed sizes the cache)
 # how each command spells the condition options in its one-line errors: name -> flag
-GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE"}
+GENERATE_FLAGS = {"classes": "--classes", "captions": "--captions FILE", "num": "--num"}
 
 
 def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] = GENERATE_FLAGS
@@ -167,7 +167,14 @@ def image_conditions(im: ImageModel, cfg: ImageGenConfig, flags: dict[str, str] 
         if cfg.captions:
             raise UsageError(f"{im.entry.ref} is class-conditional (c2i): it takes class labels ({flags['classes']}), "
                              f"not caption features ({flags['captions']})")
-        return resolve_classes(cfg.classes, im.classes, im.model.cfg.num_classes, cfg.num or DEFAULT_NUM)
+        num = cfg.num or DEFAULT_NUM
+        ids = resolve_classes(cfg.classes, im.classes, im.model.cfg.num_classes, num)
+        if len(cfg.classes) > num:  # cycled over `num` images: the classes past it would be drawn never, unsaid
+            given = "" if cfg.num else " (the default)"
+            raise UsageError(f"{flags['classes']} names {len(cfg.classes)} classes but {flags['num']} {num}{given} "
+                             f"draws {num}: {', '.join(map(str, cfg.classes[num:]))} would not be drawn; give "
+                             f"{flags['num']} {len(cfg.classes)} (or more), or fewer classes")
+        return ids
     if cfg.classes:
         raise UsageError(f"{im.entry.ref} is text-conditional (t2i): pass caption features with {flags['captions']}, "
                          f"not {flags['classes']}")

@@ -189,3 +189,22 @@ def test_a_dry_run_checks_where_the_run_writes(tiny_target, tmp_path):  # noqa: 
     rows = {row["check"]: row for row in json.loads(r.stdout)}
     assert r.exit_code == 0 and rows["shard"]["ok"] and rows["run-dir"]["ok"] and rows["out"]["ok"], r.output
     assert not (tmp_path / "new").exists() and not (tmp_path / "new.jsonl").exists()  # a dry run writes nothing
+
+
+def test_a_dry_run_compares_the_config_of_the_run_it_would_resume(tiny_target, tmp_path):  # noqa: F811
+    """`--dry-run --run-dir D` on D holding a run of another config said ok ('resumed if its config is this one'),
+    and the job then refused the folder (`limit (1 -> 2)`): the dry run compares the configs as the run does."""
+    path = write(tmp_path, [{"prompt": "HELLO WORLD"}, {"prompt": "ONE TWO ONE"}])
+    run = tmp_path / "run"
+    line = [*BENCH, "--prompts", str(path), "--methods", "ar", "--run-dir", str(run)]
+    assert invoke(*line, "--limit", "1").exit_code == 0
+    r = invoke(*line, "--limit", "2", "--dry-run")
+    rows = {row["check"]: row for row in json.loads(r.stdout)}
+    assert r.exit_code == 1 and not rows["resume"]["ok"], r.output
+    assert "--limit (1 -> 2)" in rows["resume"]["detail"], r.output
+    r = invoke(*line, "--limit", "1", "--dry-run")
+    rows = {row["check"]: row for row in json.loads(r.stdout)}
+    assert r.exit_code == 0 and rows["resume"]["ok"] and rows["run-dir"]["ok"], r.output
+    r = invoke("benchmark", "--suite", "meshes", "--limit", "1", "--run-dir", str(run), "--dry-run", "--format", "json")
+    rows = {row["check"]: row for row in json.loads(r.stdout)}
+    assert r.exit_code == 1 and "holds a text run" in rows["resume"]["detail"], r.output

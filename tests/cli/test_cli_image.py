@@ -78,6 +78,8 @@ def test_generate_images_json(tiny_image, ar_tokens, method):
     (["--method", "adt-tree", "method_options.init=diagonal"], "init must be"),
     (["--method", "lantern", "method_options.lantern_delta=2"], "delta"),
     (["--method", "ngram"], "is for text"),
+    # more classes than images: the last was left out unsaid (cycled over --num 2: cat, dog)
+    (["--method", "ar", "--classes", "cat,dog,sky"], "--classes names 3 classes but --num 2 draws 2: sky"),
 ])
 def test_bad_image_input(tiny_image, args, needle):
     out = tiny_image / "bad"

@@ -643,6 +643,33 @@ def test_registry_import_refuses_a_builder_of_another_kind(tiny):
     assert invoke(*args, "--name", "clf", "--kind", "classifier").exit_code == 0
 
 
+@pytest.mark.parametrize("kind", ["heads", "adapter", "vq", "upsampler"])
+def test_registry_import_refuses_a_target_builder_as_another_kind(tiny, pt_file, kind):
+    # a text (or mesh) GPT imported as heads/NAME was registered: an entry of a kind its module is not
+    check_refusal(tiny, [*pt_file, "--name", "x", "--kind", kind], 2,
+                  f"builder transformer makes a target or draft entry, not a {kind}: add --kind target")
+
+
+def test_every_builder_names_the_kinds_it_imports_as():
+    from specgen.builders import BUILDERS
+    from specgen.importer import KINDS_OF
+
+    assert set(KINDS_OF) == set(BUILDERS)  # a builder left out would fail the import with a KeyError
+
+
+def test_registry_import_refuses_a_drafter_of_no_target(tiny):
+    # an EAGLE drafter without --parent was registered, and every use refused it ("names no target it was trained for")
+    from specgen.models.eagle import EagleNet
+    from tests.image.helpers import tiny_image_gpt
+
+    net = EagleNet.from_target(tiny_image_gpt(0, grid=4, vocab=64, classes=3))
+    torch.save(net.state_dict(), tiny / "eagle.pt")
+    (tiny / "eagle.json").write_text(json.dumps(net.cfg.to_dict()))
+    args = ["registry", "import", tiny / "eagle.pt", "--builder", "eagle", "--kwargs", tiny / "eagle.json",
+            "--kind", "draft", "--name", "d"]
+    check_refusal(tiny, args, 2, "builder eagle makes a drafter of one target: name it with --parent TARGET")
+
+
 def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
     r = invoke(*pt_file, "--name", "tiny-text", "--force")
     assert r.exit_code == 0, r.output
