@@ -79,8 +79,8 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
             raise UsageError(f"{given[0]} is for a raw state dict (.pt, .safetensors); a {what} imports as a text "
                              f"target that its own config describes: leave {given[0]} out")
     registry.check_new(kind, name, force)  # before any conversion: the registry's one write rule
-    if parent is not None:  # an existing entry, installed or built-in
-        registry.pick(checkpoints.list_entries(), parent, "parent checkpoint")
+    # an existing entry, installed or built-in
+    parent_kind = None if parent is None else registry.pick(checkpoints.list_entries(), parent, "parent checkpoint").kind
     if source.is_dir():
         return import_hf_folder(source, name, force=force)
     if source.suffix == ".gguf":
@@ -95,8 +95,10 @@ def import_checkpoint(source: Path, name: str, kind: str = "target", builder: st
     if kind not in KINDS_OF[builder]:
         made = KINDS_OF[builder]
         raise UsageError(f"builder {builder} makes a {' or '.join(made)} entry, not a {kind}: add --kind {made[0]}")
-    if builder in BOUND and parent is None:  # else registered, then refused by every use: no target to draft for
-        raise UsageError(f"builder {builder} makes {BOUND[builder]} of one target: name it with --parent TARGET")
+    if builder in BOUND and parent_kind != "target":  # else registered, then refused by every use: no target
+        raise UsageError(f"builder {builder} makes {BOUND[builder]} of one target: name it with --parent TARGET"
+                         if parent is None else f"--parent {parent} is a {parent_kind} entry; builder {builder} makes "
+                         f"{BOUND[builder]} of one target: name a target")
     if vq and builder not in IMAGE_BUILDERS:
         raise UsageError(f"--vq is for image GPTs (builders: {', '.join(IMAGE_BUILDERS)}), not {builder}")
     try:

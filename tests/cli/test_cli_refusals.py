@@ -668,6 +668,9 @@ def test_registry_import_refuses_a_drafter_of_no_target(tiny):
     args = ["registry", "import", tiny / "eagle.pt", "--builder", "eagle", "--kwargs", tiny / "eagle.json",
             "--kind", "draft", "--name", "d"]
     check_refusal(tiny, args, 2, "builder eagle makes a drafter of one target: name it with --parent TARGET")
+    # a parent that is no target (here the VQ) was registered too, and every use refused it
+    check_refusal(tiny, [*args, "--parent", "tiny-image-vq"], 2,
+                  "--parent tiny-image-vq is a vq entry; builder eagle makes a drafter of one target: name a target")
 
 
 def test_registry_import_force_replaces_and_merge_refuses_builtins(tiny, pt_file):
