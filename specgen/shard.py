@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from specgen.errors import UsageError
@@ -21,13 +22,13 @@ class Shard:
 
 
 def parse_shard(text: str) -> Shard:
-    """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard."""
-    index, slash, count = text.partition("/")
-    try:
-        shard = Shard(int(index), int(count))
-    except ValueError:
-        raise UsageError(f"--shard takes I/N with 0 <= I < N (e.g. 0/4), got {text!r}") from None
-    if not slash or shard.count < 1 or not 0 <= shard.index < shard.count:
+    """'I/N' (0 <= I < N, the Slurm array form `$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT`) -> Shard; ASCII digits
+    only (int() would also read spaces, signs and other scripts' digits)."""
+    parts = re.fullmatch(r"([0-9]+)/([0-9]+)", text)
+    if parts is None:
+        raise UsageError(f"--shard takes I/N with 0 <= I < N (e.g. 0/4), got {text!r}")
+    shard = Shard(int(parts[1]), int(parts[2]))
+    if shard.count < 1 or not 0 <= shard.index < shard.count:
         raise UsageError(f"--shard {text}: the shard index must satisfy 0 <= I < N (e.g. 0/4 .. 3/4)")
     return shard
 

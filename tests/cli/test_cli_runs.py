@@ -348,6 +348,17 @@ def test_bad_shard_options_are_one_line(long_tiny_target, extra, needle):  # noq
     assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
 
 
+@pytest.mark.parametrize("text", ["1 /2", " 1/2", "+1/2", "\u0661/\u0662", "1/2/3", "1/"])
+def test_a_shard_is_ascii_digits_only(text):
+    """int() also reads spaces, signs and other scripts' digits: '1 /2' and '\u0661/\u0662' were shard 1 of 2."""
+    from specgen.errors import UsageError
+    from specgen.shard import Shard, parse_shard
+
+    assert parse_shard("1/2") == Shard(1, 2)
+    with pytest.raises(UsageError, match="--shard takes I/N"):
+        parse_shard(text)
+
+
 def test_a_changed_config_or_another_folder_is_refused(long_tiny_target, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     assert invoke(*ARGS, "--run-dir", run, "--shard", "0/2", "execute=false").exit_code == 0
