@@ -21,8 +21,8 @@ def save_tensors(path: Path, tensors: Mapping[str, torch.Tensor], metadata: dict
 
 def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """What `save_tensors` wrote: the tensors and the metadata (OSError, SafetensorError where unreadable)."""
-    with safe_open(str(path), "pt") as f:
-        return load_file(str(path)), f.metadata() or {}
+    with safe_open(str(path), "pt") as f:  # one open for both (load_file would open the file again)
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
 
 
 def cached_tensors(path: Path, build: Callable[[], dict[str, torch.Tensor]],
