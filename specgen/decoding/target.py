@@ -64,7 +64,7 @@ class ModelTarget:
             b, p = tokens.shape
             positions = torch.arange(p, device=tokens.device).expand(b, p)
             hidden = self.model.hidden_states(self.model.embed(tokens), positions, cache)
-            logits = self.model.output(hidden[:, -1:])  # [B, 1, V]: prompt mode's products, as a captured chunk's
+            logits = self.model.logits(hidden[:, -1:])  # [B, 1, V]: prompt mode's products, as a captured chunk's
         cache.commit_seqs(dict.fromkeys(range(b), list(range(p))), 1)
         return TargetOut(logits, hidden)
 

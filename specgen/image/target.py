@@ -113,7 +113,7 @@ class CaptionCFGTarget(CFGTarget):
         hidden = self.model.hidden_states(emb(captions), positions, cache, padded_causal_mask(valid))
         self.commit(cache, list(range(n)))
         cache.key_mask = valid.clone()  # padded slots stay hidden from every later query
-        return TargetOut(self.combine(self.model.output(hidden[:, -1:])), hidden)
+        return TargetOut(self.combine(self.model.logits(hidden[:, -1:])), hidden)
 
 
 def cfg_target(model: torch.nn.Module, cfg_scale: float, caption: Caption | list[Caption] | None = None) -> CFGTarget:

@@ -20,7 +20,7 @@ def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
 
 class EagleNet(nn.Module):
     """One-layer EAGLE drafter: row i pairs the target's normed feature f_t with the token x_{t+1} sampled from it, at
-    the target's position t + 1 in the target's RoPE table; its logits are `target.output(h)` (no head of its own)."""
+    the target's position t + 1 in the target's RoPE table; its logits are `target.logits(h)` (no head of its own)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -61,4 +61,4 @@ class EagleNet(nn.Module):
     @staticmethod
     def logits(hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Drafter logits [B, S, V]: the target's LM head on predicted features."""
-        return target.output(hidden.to(target.dtype))
+        return target.logits(hidden.to(target.dtype))

@@ -208,7 +208,7 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     h, f = blocks(model, model.embed(x.tokens), x, k, v, cross, width)
     n = model.norm
     hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
-    return model.output(hidden), hidden
+    return model.logits(hidden), hidden
 
 
 def drafter_input(embedding: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

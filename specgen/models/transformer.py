@@ -53,6 +53,8 @@ class TransformerConfig:
     local_layers: tuple[int, ...] = ()  # the sliding-attention layers: `window` (`layer_masks`), Gemma's RoPE base
     local_rope_theta: float = 0.0  # > 0: the local layers' own RoPE base (Gemma's, unscaled; `layer_rotations`)
     window: int = 0  # > 0: a local layer's query at position p sees keys at p - window + 1 .. p (0: all, as before)
+    attn_softcap: float = 0.0  # > 0: Gemma 2: each scaled score s becomes cap tanh(s / cap) before the mask
+    logit_softcap: float = 0.0  # > 0: Gemma 2: each logit z becomes cap tanh(z / cap) (`Transformer.logits`)
 
     def __post_init__(self) -> None:
         flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
@@ -83,12 +85,15 @@ class TransformerConfig:
                                  f"frequency of {self.rotary_dim} rotary dims): {str(factors)[:80]}")
 
     def check_gemma_fields(self) -> None:
-        """The fields Gemma adds: a positive embedding scale, a known activation, local (sliding) layers that are
-        layers with a window or their own positive RoPE base (then not NoPE ones), all in a 1D text model without
-        cross-attention."""
+        """The fields Gemma adds: a positive embedding scale, softcaps that are positive or 0 (none), a known
+        activation, local (sliding) layers that are layers with a window or their own positive RoPE base (then not
+        NoPE ones), all in a 1D text model without cross-attention."""
         object.__setattr__(self, "local_layers", tuple(self.local_layers))  # a JSON list, read back: one value
         if not (type(self.embed_scale) in (int, float) and 0 < self.embed_scale < math.inf):
             raise ValueError(f"embed_scale {self.embed_scale!r} is not a positive number")
+        for name in ("attn_softcap", "logit_softcap"):
+            if not (type(getattr(self, name)) in (int, float) and 0 <= getattr(self, name) < math.inf):
+                raise ValueError(f"{name} {getattr(self, name)!r} is not a positive number or 0 (none)")
         if self.ffn_act not in ACTIVATIONS:
             raise ValueError(f"ffn_act {self.ffn_act!r} is none of {', '.join(ACTIVATIONS)}")
         turned = self.local_rope_theta > 0  # the local layers turn with their own table: none of them NoPE
@@ -422,7 +427,14 @@ class Transformer(nn.Module):
         """`forward` run eagerly, its captured steps not asked (e.g. they just declined this call)."""
         h = self.embed(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask)
-        return self.output(hidden), hidden
+        return self.logits(hidden), hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits [..., V] of final hidden states [..., dim]; with `cfg.logit_softcap` (Gemma 2)
+        cap tanh(z / cap) of each, in the head's dtype as transformers computes them."""
+        z = self.output(hidden)
+        cap = self.cfg.logit_softcap
+        return z if not cap else torch.tanh(z / cap) * cap
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`

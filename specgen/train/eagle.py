@@ -126,7 +126,7 @@ def eagle_loss(net: EagleNet, target: Transformer, feats: torch.Tensor, tokens: 
     goal = feats[:, 1:].float()  # f_{t+1}
     vloss = F.smooth_l1_loss(hidden, goal)
     with torch.no_grad():
-        p_target = target.output(goal).float().softmax(-1)
+        p_target = target.logits(goal).float().softmax(-1)
     logp = F.log_softmax(EagleNet.logits(hidden, target).float(), -1)
     ploss = -(p_target * logp).sum(-1).mean()
     loss = cfg.feature_weight * vloss + cfg.token_weight * ploss
@@ -142,7 +142,7 @@ def evaluate(net: EagleNet, target: Transformer, data: dict[str, torch.Tensor], 
     br = f.shape[1]
     offset = first_image_position(target.cfg)
     d_logits = [EagleNet.logits(net(*drafter_inputs(f[:, i], toks, offset)), target).float() for i in range(br)]
-    t_logits = [target.output(f[:, i, 1:]).float() for i in range(br)]
+    t_logits = [target.logits(f[:, i, 1:]).float() for i in range(br)]
     if br == 2:
         d, t = (x[1] + cfg_scale * (x[0] - x[1]) for x in (d_logits, t_logits))
     else:
