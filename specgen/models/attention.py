@@ -31,6 +31,7 @@ class AttentionPlan:
     score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
     value_rows: torch.Tensor | None = None  # [B*S*(T - lo)] trees: flat (batch, slot) rows of the values past lo
     out: torch.Tensor | None = None  # [B, S, H, D] in the queries' dtype: every layer's result (made by the first)
+    softcap: float = 0.0  # > 0: each scaled score s becomes softcap tanh(s / softcap) before the mask (`scores`)
 
     def __post_init__(self) -> None:
         b, hkv, n, r, d = self.q.shape
@@ -51,11 +52,12 @@ class NativePlan:
     out: torch.Tensor  # [B, S, H, D] in the activation dtype: every layer's result (the output projection's layout)
     slots: torch.Tensor | None = None  # [B, S] int32: the cache slot of each new token (lengths[b] + s)
     qbuf: torch.Tensor | None = None  # [B, H, S, D]: the rotated queries (native_self_attention)
+    softcap: float = 0.0  # > 0: the scores' cap (CUDA's list kernel; a CPU never plans one: `attention_path`)
 
 
 def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, head_dim: int,
                 lengths: list[int] | None = None, dtype: torch.dtype = torch.bfloat16,
-                device: torch.device | str = "cpu") -> NativePlan:
+                device: torch.device | str = "cpu", softcap: float = 0.0) -> NativePlan:
     """The list kernel's plan of a forward of S queries over T key slots (attention.c on a CPU, its Triton twin on
     CUDA: native/cuda_ops.py); on a CPU, given the cache's `lengths`, also where the forward's new keys go
     (native_self_attention writes them; CUDA has no fused kernel)."""
@@ -66,7 +68,7 @@ def native_plan(mask: torch.Tensor | None, b: int, s: int, t: int, heads: int, h
         shared = torch.full((b,), t, **on)
     else:  # visible slots ascending, then hidden ones; the leading run all rows see
         idx, count, shared = torch.ops.specgen.attention_plan(mask[:, 0].expand(b, s, t))
-    p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype, device=device))
+    p = NativePlan(idx, count, shared, torch.empty(b, s, heads, head_dim, dtype=dtype, device=device), softcap=softcap)
     if lengths is not None and torch.device(device).type == "cpu":
         p.slots = (torch.tensor(lengths, dtype=torch.int32)[:, None] + torch.arange(s, dtype=torch.int32)).contiguous()
         p.qbuf = torch.empty(b, heads, s, head_dim, dtype=dtype)
@@ -95,15 +97,17 @@ def plan(
     mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32, lengths: list[int] | None = None, start: torch.Tensor | None = None,
+    softcap: float = 0.0,
 ) -> AttentionPlan | NativePlan:
     """The plan of a forward of S queries over T key slots (made once, used by every layer): the native kernel's where
     `attention_path` names it (given the cache `lengths`, its layers may use native_self_attention), else chunked.
     `start` [B, S] (a sliding window's): each query's first visible position, where AR's cache holds its first key
     (else 0). A query's visible keys are one a position, ascending: AR's layout holds them at columns [start, start +
-    count), and a tree's query gets that layout (the list kernel reads lists, not layouts: it needs no `start`)."""
-    if attention_path(dtype, device) == "native":
-        return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype, device)
-    out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device)
+    count), and a tree's query gets that layout (the list kernel reads lists, not layouts: it needs no `start`).
+    `softcap` > 0: the scores are capped (Gemma 2), alike on every path (`scores`, the list kernel's CAP)."""
+    if attention_path(dtype, device, softcap) == "native":
+        return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype, device, softcap)
+    out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device, softcap)
     n, group = -(-t // CHUNK), heads // kv_heads
     if mask is None:
         return out
@@ -150,6 +154,7 @@ def in_window(queries: torch.Tensor, keys: torch.Tensor, window: int) -> torch.T
 def chain_plan(
     mask: torch.Tensor | None,  # [B, 1, S, T] bool (True = visible), None = every slot visible
     b: int, s: int, t: int, heads: int, kv_heads: int, head_dim: int, device: torch.device | str = "cpu",
+    softcap: float = 0.0,
 ) -> AttentionPlan:
     """The chunked plan with every key in its cache slot (exact for queries whose keys sit where AR puts them: AR
     steps and chains). Device ops only, no host read: a captured forward (models/graphs.py) builds it in its graph."""
@@ -167,7 +172,39 @@ def chain_plan(
     v = torch.zeros(b, kv_heads, n * CHUNK, head_dim + 1, **f32)
     v[..., head_dim].fill_(1)  # a device fill (an assignment of a Python 1 would trace as a host tensor)
     return AttentionPlan(bias, torch.zeros(b, kv_heads, n, r, head_dim, **f32),
-                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows)
+                         torch.zeros(b, kv_heads, n * CHUNK, head_dim, **f32), v, rows, softcap=softcap)
+
+
+def masked_scores(qk: torch.Tensor, bias: torch.Tensor, d: int, softcap: float) -> torch.Tensor:
+    """The chunked paths' scores from float32 products qk (a fresh tensor, overwritten with a cap) and the additive
+    mask `bias` (broadcast to qk): bias + s for s = qk / sqrt(d), or with a cap (Gemma 2) bias + cap tanh(s / cap) in
+    transformers' order of ops. One function for AR steps and trees: a score's bits depend on its product only."""
+    if not softcap:
+        return torch.add(bias, qk, alpha=d**-0.5)
+    return qk.mul_(d**-0.5).div_(softcap).tanh_().mul_(softcap).add_(bias)
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                     softcap: float) -> torch.Tensor:
+    """SDPA's attention [B, H, S, D] with softcapped scores (which SDPA lacks): q [B, H, S, D] over k, v [B, Hkv, T, D]
+    (GQA when Hkv < H) under `mask` [B or 1, 1, S, T] (bool, True = visible, or additive float), else causal (the S
+    queries last of the T keys) or none; float32 math, returned in q's dtype. Out-of-place ops: training takes its
+    gradient. A query that sees nothing gets 0 (as the kernels)."""
+    b, h, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    g = h // hkv
+    qk = torch.matmul(q.float().reshape(b, hkv, g * s, d), k.float().transpose(-1, -2)).view(b, hkv, g, s, t)
+    scores = torch.tanh(qk * d**-0.5 / softcap) * softcap  # [B, Hkv, G, S, T]
+    if mask is None and causal:
+        mask = torch.ones(1, 1, s, t, dtype=torch.bool, device=q.device).tril(t - s)
+    if mask is not None:
+        m = mask.unsqueeze(2)  # [B, 1, 1, S, T]: over each kv head's G query heads
+        scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
+    top = scores.amax(-1, keepdim=True).clamp(min=-1e30)  # a row that sees nothing: exp(-inf) = 0 everywhere
+    w = torch.exp(scores - top)
+    y = torch.matmul((w / w.sum(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)).view(b, hkv, g * s, t),
+                     v.float())  # [B, Hkv, G*S, D]
+    return y.view(b, h, s, d).to(q.dtype)
 
 
 def invariant_attention(
@@ -179,7 +216,7 @@ def invariant_attention(
     """Softmax attention [B, H, S, D] in float32 (returned in q's dtype), GQA when Hkv < H, in the fixed chunk order
     (docs/precision.md); a [B, H, S, D] view of `p.out`, valid until the next layer's attention."""
     if isinstance(p, NativePlan):  # the native kernel
-        torch.ops.specgen.attend(q, k, v, p.idx, p.count, p.shared, p.out)
+        torch.ops.specgen.attend(q, k, v, p.idx, p.count, p.shared, p.out, p.softcap)
         return p.out.transpose(1, 2)
     if p.order is not None:
         return tree_attention(q, k, v, p)
@@ -191,7 +228,7 @@ def invariant_attention(
     p.k.narrow(2, 0, t).copy_(k)
     p.v_real.narrow(2, 0, t).copy_(v)
     # 2. scaled, masked scores in chunk layout; the row max over every chunk (exact: a max)
-    scores = torch.add(p.bias, torch.bmm(p.q3, p.kt3).view(b, hkv, n, r, CHUNK), alpha=d**-0.5)  # [B, Hkv, N, R, C]
+    scores = masked_scores(torch.bmm(p.q3, p.kt3).view(b, hkv, n, r, CHUNK), p.bias, d, p.softcap)  # [B, Hkv, N, R, C]
     top = scores.amax((2, 4), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, 1, R, 1]
     w = scores.sub_(top).exp_().view(b * hkv * n, r, CHUNK)  # hidden slots: exactly 0
     # 3. per chunk [p.v | p.1] -> [numerator | softmax sum]; chunks added in slot order (a sequential scan)
@@ -232,7 +269,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     vq[:, :, :, : t - lo, :d] = picked.view(b, s, t - lo, hkv, d).permute(0, 3, 1, 2, 4)  # cast to float32 here
     vq[:, :, :, : t - lo, d] = 1  # the softmax sums' column, as p.v's
     vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
-    scores = torch.add(p.tree_bias.squeeze(1).unsqueeze(1), scores, alpha=d**-0.5)  # [B, Hkv, S, N, RG, C]
+    scores = masked_scores(scores, p.tree_bias.squeeze(1).unsqueeze(1), d, p.softcap)  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
     w = torch.exp_(scores.sub_(top))
     acc = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, e))  # [B, Hkv, S, N - c0, RG, E]

@@ -271,7 +271,8 @@ class StepGraphs:
         stay eager), conditions in the static buffers, and no target tree on the chunked attention (StepKind)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
             return False
-        if tree_mask is not None and self.kind.exact_trees and attention_path(self.dtype, self.device) == "chunked":
+        if (tree_mask is not None and self.kind.exact_trees
+                and attention_path(self.dtype, self.device, self.model.cfg.attn_softcap) == "chunked"):
             return False  # the chunked chain plan puts a tree node's keys where the cache has them, not in AR's order
         if cache.cross is not None:
             self.adopt_cross(cache)

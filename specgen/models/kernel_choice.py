@@ -125,12 +125,16 @@ def inference_on_cpu(dtypes: tuple, *tensors: torch.Tensor) -> bool:
             and all(t.dtype == first.dtype and t.device.type == "cpu" for t in tensors))
 
 
-def attention_path(dtype: torch.dtype, device: torch.device | str) -> str:
+def attention_path(dtype: torch.dtype, device: torch.device | str, softcap: float = 0.0) -> str:
     """The attention of a cached forward: "native" (each query over its list of visible slots: attention.c on a CPU, a
-    Triton kernel on CUDA), "chunked" or "sdpa" (the table above); a prompt prefill's: sdpa, but `prompts_as_steps`."""
+    Triton kernel on CUDA), "chunked" or "sdpa" (the table above); a prompt prefill's: sdpa, but `prompts_as_steps`.
+    A model whose scores are softcapped (`softcap` > 0, Gemma 2) decodes chunked on a CPU: attention.c has no cap (the
+    C kernels stay frozen), and SDPA none either (`Attention.attend` computes it dense there)."""
     if prompt.active() and not prompts_as_steps(dtype, device):
         return "sdpa"
     kind = torch.device(device).type
+    if softcap and kind == "cpu" and not torch.is_grad_enabled():
+        return "chunked"
     if not torch.is_grad_enabled() and (
             (kind == "cpu" and dtype in NATIVE_DTYPES and native.library("attention") is not None)
             or cuda_kernels(dtype, device)):

@@ -128,21 +128,23 @@ def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
     slots in AR's order: exact for trees too), else SDPA's float32 additive mask or the chunked chain plan (a target's
     trees stay eager there: `StepGraphs.servable`)."""
     r, _, s, t = visible.shape
-    path = attention_path(dtype, visible.device)
+    path = attention_path(dtype, visible.device, cfg.attn_softcap)
     if path == "native":
-        return native_plan(visible, r, s, t, cfg.n_heads, cfg.hd, dtype=dtype, device=visible.device)
+        return native_plan(visible, r, s, t, cfg.n_heads, cfg.hd, dtype=dtype, device=visible.device,
+                           softcap=cfg.attn_softcap)
     if path == "sdpa":
         return additive_mask(visible)
-    return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device)
+    return chain_plan(visible, r, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, visible.device, cfg.attn_softcap)
 
 
 def listed(x: StaticInputs, cfg, dtype: torch.dtype) -> NativePlan | None:
     """A drafter level's lists as the list attention's plan (what `native_plan` would make of their mask: the plan is
     the lists), where the step attends over lists (`attention_path`); else None."""
-    if x.lists is None or attention_path(dtype, x.tokens.device) != "native":
+    if x.lists is None or attention_path(dtype, x.tokens.device, cfg.attn_softcap) != "native":
         return None
     r, s = x.tokens.shape
-    return NativePlan(*x.lists, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=dtype, device=x.tokens.device))
+    return NativePlan(*x.lists, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=dtype, device=x.tokens.device),
+                      softcap=cfg.attn_softcap)
 
 
 def step_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
@@ -151,10 +153,11 @@ def step_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
     else the mask's (`step_mask`)."""
     if (lists := listed(x, cfg, h.dtype)) is not None:
         return lists
-    if kernel_choice.one_pass(h) and attention_path(h.dtype, h.device) == "native":
+    if kernel_choice.one_pass(h) and attention_path(h.dtype, h.device, cfg.attn_softcap) == "native":
         r, s = x.tokens.shape
         idx, count, shared = torch.ops.specgen.step_plan(x.meta[0], x.tree, t)
-        return NativePlan(idx, count, shared, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=h.dtype, device=h.device))
+        return NativePlan(idx, count, shared, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=h.dtype, device=h.device),
+                          softcap=cfg.attn_softcap)
     return step_mask(visibility(x, t), cfg, h.dtype)
 
 

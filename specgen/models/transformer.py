@@ -13,8 +13,8 @@ from torch import nn
 from specgen.errors import ContextOverflowError
 from specgen.models import kernel_choice, native_block
 from specgen.devices import host_tensor
-from specgen.models.attention import (PLANS, NativePlan, in_window, invariant_attention, key_positions,
-                                      native_self_attention, plan)
+from specgen.models.attention import (PLANS, NativePlan, capped_attention, in_window, invariant_attention,
+                                      key_positions, native_self_attention, plan)
 from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.rope import (PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, still, table_1d,
@@ -190,6 +190,8 @@ class Attention(nn.Module):
         q, k, v = rot.split(qkv, h) if cache is None else cache.store(layer, qkv, rot, h)
         if isinstance(mask, PLANS):  # a planned forward with a cache (hidden_states: `attention_path` not sdpa)
             y = invariant_attention(q, k, v, mask)  # a query's result never depends on the forward's width
+        elif self.cfg.attn_softcap:  # SDPA's place, its scores capped (Gemma 2), which SDPA cannot
+            y = capped_attention(q, k, v, mask, causal and mask is None, self.cfg.attn_softcap)
         else:
             if projected.dtype != torch.float32:  # no cache (teacher forcing, training) or a prompt prefill: float32
                 q, k, v = q.float(), k.float(), v.float()  # math, as SDPA's bf16 kernels accumulate anyway
@@ -503,9 +505,10 @@ def attending(cfg: TransformerConfig, h: torch.Tensor, cache: KVCache, mask: tor
     """What blocks attend with over the cache given the visible slots `mask` [B, 1, S, T] (None: all): the plan
     (`attention.plan`; `start` [B, S]: a windowed mask's first visible positions) or SDPA's additive mask."""
     b, s = h.shape[:2]
-    if attention_path(h.dtype, h.device) != "sdpa":
+    if attention_path(h.dtype, h.device, cfg.attn_softcap) != "sdpa":
         t = mask.shape[-1] if mask is not None else max(cache.lengths) + s
-        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths, start)
+        return plan(mask, b, s, t, cfg.n_heads, cfg.n_kv_heads, cfg.hd, h.device, h.dtype, cache.lengths, start,
+                    cfg.attn_softcap)
     return None if mask is None else additive_mask(mask)
 
 

@@ -44,18 +44,19 @@ def kernels():
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
-           shared: torch.Tensor, out: torch.Tensor) -> None:
+           shared: torch.Tensor, out: torch.Tensor, softcap: float = 0.0) -> None:
     """`torch.ops.specgen.attend` on CUDA: q [B, H, S, D] over k, v [B, Hkv, T, D] into out [B, S, H, D], each query
-    over its list idx [B, S, T] (the first count [B, S] entries; `shared` is the CPU kernel's and unread here)."""
+    over its list idx [B, S, T] (the first count [B, S] entries; `shared` is the CPU kernel's and unread here);
+    `softcap` > 0: each scaled score s becomes softcap tanh(s / softcap) (Gemma 2)."""
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     idx = idx if idx.stride(-1) == 1 else idx.contiguous()
     count = count.contiguous()
     b, h, s, d = q.shape
     hkv = k.shape[1]
     kernels().attend_lists[(b * s, hkv)](
-        q, k, v, idx, count, out, s, d**-0.5, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        q, k, v, idx, count, out, s, d**-0.5, float(softcap), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), out.stride(0),
-        out.stride(1), out.stride(2), **tiles(h // hkv, d), num_warps=WARPS)
+        out.stride(1), out.stride(2), **tiles(h // hkv, d), CAP=bool(softcap), num_warps=WARPS)
 
 
 def tiles(group: int, d: int) -> dict[str, int]:

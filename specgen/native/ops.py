@@ -205,12 +205,15 @@ def one_dtype(*tensors: torch.Tensor) -> None:
         raise TypeError(f"native attention takes one dtype, got {', '.join(str(t.dtype) for t in tensors)}")
 
 
-@op("attend(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor count, Tensor shared, Tensor(a!) out) -> ()",
-    lambda *args: None)  # writes `out` only
+@op("attend(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor count, Tensor shared, Tensor(a!) out, "
+    "float softcap=0.0) -> ()", lambda *args: None)  # writes `out` only
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, count: torch.Tensor,
-           shared: torch.Tensor, out: torch.Tensor) -> None:
+           shared: torch.Tensor, out: torch.Tensor, softcap: float = 0.0) -> None:
     """Width-invariant attention of q [B, H, S, D] over k, v [B, Hkv, T, D] into out [B, S, H, D] (contiguous), each
-    query over its `attention_plan` list; one dtype (bfloat16 or float32) throughout."""
+    query over its `attention_plan` list; one dtype (bfloat16 or float32) throughout. attention.c has no score cap
+    (`softcap`: CUDA's kernel only; a CPU plans a capped model's attention chunked, `attention_path`)."""
+    if softcap:
+        raise ValueError("attention.c has no score softcap: a capped model attends chunked on a CPU (attention_path)")
     one_dtype(q, k, v, out)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     b, h, s, d = q.shape

@@ -20,6 +20,15 @@ def rounded(x, dtype: tl.constexpr):
         return x.to(dtype)
 
 
+@triton.jit
+def tanh(x):
+    # float32 tanh from one exp (Triton has no tanh op its interpreter also runs): (1 - e) / (1 + e) with e =
+    # exp(-2|x|) <= 1, so nothing overflows, the sign restored after; within a few float32 ulps of torch.tanh
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
 # The invariant (docs/precision.md, "The invariant attention"): a query's result depends only on its own list of
 # visible slots (ascending: AR's key order, for tree nodes too) and their keys and values, never on the forward's
 # width, its other queries or its batch. One program computes one (query, kv head) pair: its group of query heads as
@@ -28,9 +37,9 @@ def rounded(x, dtype: tl.constexpr):
 # constexpr (tile shapes, warps) is fixed per model, so a query runs the same instructions in every forward.
 @triton.jit(do_not_specialize=["n_q", "sqb", "sqh", "sqs", "skb", "skh", "skt", "svb", "svh", "svt", "sib",
                                "sis", "sob", "sos", "soh"])
-def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, sqb, sqh, sqs, skb, skh, skt, svb, svh, svt, sib, sis,
+def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, cap, sqb, sqh, sqs, skb, skh, skt, svb, svh, svt, sib, sis,
                  sob, sos, soh, GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_D: tl.constexpr, BLOCK: tl.constexpr):
+                 BLOCK_D: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr):
     # 1. this program's query (b, s), kv head, and its GROUP query heads as tile rows (padding rows: zeros)
     row = tl.program_id(0)  # b * n_q + s
     kvh = tl.program_id(1)
@@ -57,6 +66,8 @@ def attend_lists(Q, K, V, IDX, COUNT, OUT, n_q, scale, sqb, sqh, sqs, skb, skh, 
                     other=0.0).to(tl.float32)  # [BLOCK, BLOCK_D]
         v = tl.load(V + b * svb + kvh * svh + slot[:, None] * svt + dims[None, :], mask=keep, other=0.0).to(tl.float32)
         score = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_M, BLOCK]
+        if CAP:  # Gemma 2's softcap, transformers' order: cap tanh(s / cap)
+            score = tanh(score / cap) * cap
         score = tl.where(seen[None, :], score, float("-inf"))  # past the list: p = 0 exactly
         new_top = tl.maximum(top, tl.max(score, 1))
         keep_old = tl.exp(top - new_top)  # the first block: exp(-inf) = 0

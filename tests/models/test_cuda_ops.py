@@ -188,10 +188,11 @@ def build(fn, sig, consts, arch):
 
 
 fn = cuda_ops.kernels().attend_lists
-for dtype, group, d, archs in (("bf16", 3, 64, (80, 90)), ("fp32", 1, 48, (90,)), ("fp16", 7, 128, (90,))):
-    consts = cuda_ops.tiles(group, d)
+for dtype, group, d, cap, archs in (("bf16", 3, 64, False, (80, 90)), ("fp32", 1, 48, False, (90,)),
+                                    ("fp16", 7, 128, False, (90,)), ("bf16", 2, 256, True, (80, 90))):  # Gemma 2's
+    consts = cuda_ops.tiles(group, d) | {"CAP": cap}
     sig = {n: "constexpr" if n in consts else "*" + dtype if n in ("Q", "K", "V", "OUT") else "*i32"
-           if n in ("IDX", "COUNT") else "fp32" if n == "scale" else "i32" for n in fn.arg_names}
+           if n in ("IDX", "COUNT") else "fp32" if n in ("scale", "cap") else "i32" for n in fn.arg_names}
     for arch in archs:
         build(fn, sig, consts, arch)
 fn = cuda_ops.kernels().norm_rows
