@@ -293,7 +293,12 @@ def print_dry_run(config: Path | None, overrides: list[str] | None, explicit: di
     """`--dry-run`: the recipe's checks (with the command line's options; without a recipe, those alone; an earlier
     run in `run_dir` compared with them as the run compares it) and those of where the run writes (`place_checks`)
     as a table (or JSON); exit 1 when one fails."""
-    rows = check_recipe(config, overrides, explicit, run_dir, spelled) + place_checks(run_dir, shard, out, append)
+    rows = check_recipe(config, overrides, explicit, run_dir, spelled)
+    places = place_checks(run_dir, shard, out, append)
+    if not any(r["check"] == "suite" for r in rows):  # another command's recipe (row `recipe`): no benchmark runs it
+        places = [row(r["check"], False, f"--{r['check']} is a benchmark suite's option; this recipe runs with its "
+                      "own command (row `recipe`), which has none") for r in places]
+    rows += places
     if fmt == Format.json:
         _output.emit_json(rows)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from specgen.eval.text_bench import records_of
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
@@ -208,3 +209,18 @@ def test_a_dry_run_compares_the_config_of_the_run_it_would_resume(tiny_target, t
     r = invoke("benchmark", "--suite", "meshes", "--limit", "1", "--run-dir", str(run), "--dry-run", "--format", "json")
     rows = {row["check"]: row for row in json.loads(r.stdout)}
     assert r.exit_code == 1 and "holds a text run" in rows["resume"]["detail"], r.output
+
+
+def test_a_dry_run_of_another_commands_recipe_refuses_the_benchmarks_own_options(tmp_path):
+    """A trainer's recipe dry-runs (its command named), but `--run-dir`, `--shard` and `--out` reported ok, which only
+    a benchmark suite takes (`benchmark --config` refuses that recipe): each is a FAIL row now, exit 1; a suite's
+    recipe keeps them."""
+    recipe = Path(__file__).parents[2] / "recipes" / "full" / "eagle-llamagen-c2i-b.yaml"
+    for option in (["--run-dir", str(tmp_path / "run")], ["--shard", "1/2", "--run-dir", str(tmp_path / "run")],
+                   ["--out", str(tmp_path / "rows.jsonl")]):
+        r = invoke("benchmark", "--config", str(recipe), "--dry-run", "--format", "json", *option)
+        rows = {row["check"]: row for row in json.loads(r.stdout)}
+        assert r.exit_code == 1 and "train-heads" in rows["recipe"]["detail"], r.output
+        assert not rows[option[0][2:]]["ok"] and "benchmark suite's option" in rows[option[0][2:]]["detail"]
+    r = invoke(*BENCH, "--methods", "ar", "--run-dir", str(tmp_path / "run"), "--dry-run")
+    assert {row["check"]: row for row in json.loads(r.stdout)}["run-dir"]["ok"], r.output
