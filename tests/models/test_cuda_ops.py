@@ -24,6 +24,23 @@ from specgen.models.sliced_linear import SlicedLinear
 from specgen.native import cuda_ops
 
 pytest.importorskip("triton")  # a test extra on Linux x86-64 (pyproject.toml); torch's CUDA builds bring their own
+import triton  # noqa: E402 - after the importorskip above
+import triton.language as tl  # noqa: E402
+
+KERNELS = cuda_ops.kernels()  # Triton's jit resolves a global name, not a closure's
+
+
+@triton.jit
+def tanh_rows(X, Y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, KERNELS.tanh(tl.load(X + i, mask=i < n)), mask=i < n)
+
+
+def tanh_of(x: torch.Tensor) -> torch.Tensor:
+    """The list kernel's `tanh` (its score cap's) over float32 x, element by element."""
+    y = torch.empty_like(x)
+    tanh_rows[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    return y
 
 
 def lists(seen: torch.Tensor):
@@ -695,3 +712,14 @@ def test_the_commit_comparison_can_fail(device, commit_kernel, monkeypatch):
     monkeypatch.setattr(torch.ops.specgen, "commit_slots", lambda k, v, moves: real(k, v, moves.flip(1)))
     cache.commit_seqs(keeps, 2)
     assert cache.lengths == want.lengths and not torch.equal(cache.k.cpu(), want.k)
+
+
+def test_the_caps_tanh_is_within_a_few_ulps_everywhere(device):
+    """Softcapped scores (Gemma 2) take tanh from one exp, and near 0 its series, where 1 - exp(-2|x|) cancels: within
+    8 float32 ulps of tanh over [-20, 20] and down to 1e-8 (the cancelling form alone: hundreds of ulps near 0)."""
+    x = torch.cat([torch.linspace(-20, 20, 40001), torch.logspace(-8, 1, 4001), -torch.logspace(-8, 1, 4001)])
+    want = torch.tanh(x.double())
+    ulp = (torch.nextafter(want.float().abs(), torch.tensor(float("inf"))) - want.float().abs()).double()
+    assert ((tanh_of(x.to(device)).cpu().double() - want).abs() / ulp).max() < 8
+    e = torch.exp(-2 * x.abs())
+    assert ((((1 - e) / (1 + e)).copysign(x).double() - want).abs() / ulp).max() > 100  # the control
