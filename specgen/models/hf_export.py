@@ -1,5 +1,5 @@
-"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 3) of a specgen Transformer's
-weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3) of a specgen
+Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     """The state under HF Llama/Qwen2/Qwen3 names (`llama.layer_map`, the loader's), in the rotate_half layout; with
     partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again; with a
     Gemma block (`gemma_block`) each norm as the offset w its 1 + w multiplies by (the loader's fold undone; Gemma 3's
-    attention scale stays in q's norm, exported with query_pre_attn_scalar = head size), Gemma 3's sandwich norms
-    under its names."""
+    attention scale stays in q's norm, Gemma 2's in q's projection, exported with query_pre_attn_scalar = head size),
+    Gemma 2's and 3's sandwich norms under their names."""
     cfg, sd = model.cfg, model.state_dict()
     sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
     out = {}
@@ -63,6 +63,32 @@ def gemma(cfg, common: dict):
                                         pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
+def caps(cfg) -> dict:
+    """transformers' Gemma 2/3 softcapping keys of a config's caps (null: none, where specgen's field is 0), and the
+    eager attention that applies the score cap (transformers' SDPA refuses one)."""
+    out = {"attn_logit_softcapping": cfg.attn_softcap or None, "final_logit_softcapping": cfg.logit_softcap or None}
+    return out | ({"attn_implementation": "eager"} if cfg.attn_softcap else {})
+
+
+def gemma2(cfg, common: dict):
+    """transformers' Gemma2ForCausalLM of a Gemma-block config with sandwich norms and no q/k norms: its local layers
+    as sliding ones, with specgen's window (none: the context, which makes them attend fully as specgen's do), one
+    RoPE base for every layer, the caps; query_pre_attn_scalar the head size, whose scale the kernels apply (the
+    checkpoint's own is in q's projection). A config Gemma 2 cannot express is a ValueError."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
+            cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
+            or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
+        raise ValueError("to_hf exports sandwich norms without q/k norms as Gemma 2, whose block has a gelu_tanh gate, "
+                         "a sqrt(dim) embedding scale, one RoPE base and whole-head rotate-half RoPE in every layer "
+                         "and no q/k/v biases")
+    return Gemma2ForCausalLM(Gemma2Config(
+        **common, layer_types=layer_types(cfg), sliding_window=cfg.window or cfg.max_seq_len,
+        query_pre_attn_scalar=cfg.hd, hidden_activation="gelu_pytorch_tanh", attention_bias=False, pad_token_id=None,
+        bos_token_id=None, eos_token_id=None, **caps(cfg)))
+
+
 def gemma3(cfg, common: dict):
     """transformers' Gemma3ForCausalLM of a Gemma-block config (sandwich norms): its local layers as sliding ones,
     with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar
@@ -70,16 +96,17 @@ def gemma3(cfg, common: dict):
     express is a ValueError (a tied export loads non-strictly and would drop weights silently)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # optional dependency (the `hf` rows), as `to_hf`'s
 
-    if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
+    if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or cfg.attn_softcap or (
             cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
             or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
         raise ValueError("to_hf exports sandwich norms as Gemma 3, whose block has q/k norms, a gelu_tanh gate, a "
-                         "sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer and no q/k/v biases")
+                         "sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer, no q/k/v biases and "
+                         "no attention cap (its class ignores one)")
     return Gemma3ForCausalLM(Gemma3TextConfig(
         **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=layer_types(cfg),
         sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
         hidden_activation="gelu_pytorch_tanh",
-        attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None))
+        attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None, **caps(cfg)))
 
 
 def sliding(cfg, every: bool = False) -> dict:
@@ -135,8 +162,10 @@ def to_hf(model: Transformer):
     if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
         raise ValueError("to_hf exports NoPE layers as SmolLM3, which has no partial RoPE, q/k norms or q/k/v-only "
                          "biases")
+    if (cfg.attn_softcap or cfg.logit_softcap) and not cfg.sandwich_norms:  # only Gemma 2's and 3's classes cap
+        raise ValueError("to_hf exports softcaps as Gemma 2 or Gemma 3, whose blocks have sandwich norms")
     if cfg.sandwich_norms:
-        hf = gemma3(cfg, common)
+        hf = gemma3(cfg, common) if cfg.qk_norm else gemma2(cfg, common)
     elif gemma_block(cfg):
         hf = gemma(cfg, common)
     elif cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE

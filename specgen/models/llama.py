@@ -30,22 +30,26 @@ HF_ARCHITECTURES = {
                            "tie_word_embeddings": True},  # Llama's math, some layers without RoPE (nope_layers)
     "GemmaForCausalLM": {"max_position_embeddings": 8192, "num_key_value_heads": 16, "head_dim": 256,
                          "tie_word_embeddings": True},  # Gemma 1 (2B, 7B, CodeGemma)
+    "Gemma2ForCausalLM": {"max_position_embeddings": 8192, "num_key_value_heads": 4, "head_dim": 256,
+                          "tie_word_embeddings": True},  # Gemma 2 (2B, 9B, 27B)
     "Gemma3ForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 4, "head_dim": 256,
                           "rope_theta": 1000000.0, "tie_word_embeddings": True},  # Gemma 3 text (270M, 1B)
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
-# FIELDS; their norm offsets and Gemma 3's attention scale are folded into the weights at load: FOLDS)
+# FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
 BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm": True},
           "GemmaForCausalLM": {"ffn_act": "gelu_tanh"},
+          "Gemma2ForCausalLM": {"sandwich_norms": True, "ffn_act": "gelu_tanh"},  # Gemma 3's, without q/k norms
           "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"}}
 # an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
 # Gemma 1's legacy "gelu" is read by its class as the tanh approximation
+# Gemma 2's and 3's classes read only hidden_activation (a hidden_act beside it is ignored, as in their config.json)
 ACTIVATION_KEYS = {"GemmaForCausalLM": ("hidden_act", ("gelu_pytorch_tanh", "gelu")),
+                   "Gemma2ForCausalLM": ("hidden_activation", ("gelu_pytorch_tanh",)),
                    "Gemma3ForCausalLM": ("hidden_activation", ("gelu_pytorch_tanh",))}
 SILU = ("hidden_act", ("silu", "swish"))  # every other architecture's: SwiGLU
 # architectures transformers has and specgen refuses, with the reason (the rest: "unsupported architecture")
 REFUSED_ARCHITECTURES = {
-    "Gemma2ForCausalLM": "Gemma 2's attention and final logit softcapping (tanh) are not implemented",
     "Gemma3ForConditionalGeneration": "a multimodal Gemma 3 checkpoint (vision tower and text model); import a "
                                       "text-only one (Gemma3ForCausalLM: gemma-3-270m, gemma-3-1b and their -it)",
 }
@@ -54,12 +58,13 @@ REFUSED_ARCHITECTURES = {
 SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalLM": ("attention_bias",),
             "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"),
             "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
-            "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "final_logit_softcapping",
-                                  "use_bidirectional_attention")}
+            "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
+            "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention")}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
+           # (Gemma 3's: its transformers class keeps the key but caps no score; the config says another model)
+           "attn_logit_softcapping": "transformers' Gemma3ForCausalLM ignores this cap, which its config sets: which "
+                                     "model is meant is unclear",
            "mlp_bias": "MLP biases are not implemented",
-           "attn_logit_softcapping": "attention logit softcapping is not implemented",
-           "final_logit_softcapping": "final logit softcapping is not implemented",
            "use_bidirectional_attention": "bidirectional attention is not a causal LM's (specgen decodes causally)"}
 # an architecture (HF or GGUF name) -> its fused tensors as the Llama names the loader maps: a Llama name's suffix ->
 # (the fused tensor's suffix, which part of it along dim 0: q, k, v of the projection's rows; the gate's, then up's)
@@ -178,7 +183,8 @@ def capped_context(context: int, scaling: dict | None) -> int:
 
 
 def check_unsupported(raw: dict, arch: str) -> None:
-    """Refuse keys whose math specgen's decoder does not have (activation, biases, softcapping, quantized weights)."""
+    """Refuse keys whose math specgen's decoder does not have (activation, biases, bidirectional attention, quantized
+    weights)."""
     key, implemented = ACTIVATION_KEYS.get(arch, SILU)
     if raw.get(key, implemented[0]) not in implemented:
         raise refuse(key, raw[key], f"specgen's {arch} gate is {implemented[0]} only")
@@ -326,10 +332,11 @@ def smollm3_sliding(raw: dict) -> tuple:
     return window, layers
 
 
-def gemma3_sliding(raw: dict) -> tuple:
-    """Gemma 3's: the layers layer_types marks (or its pattern derives), window default 4096 (the class's)."""
+def gemma_sliding(raw: dict, kinds: list[str]) -> tuple:
+    """Gemma 2's and 3's: the layers `kinds` marks sliding (layer_types, or the class's derivation), window default
+    4096 (both classes')."""
     window = raw.get("sliding_window", 4096)
-    layers = [i for i, kind in enumerate(gemma3_layer_types(raw)) if kind == "sliding_attention"]
+    layers = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
     if layers and window is None:  # transformers cannot build those layers' mask either
         raise refuse("sliding_window", None, "sliding_attention layers but no window")
     return window, layers
@@ -348,7 +355,9 @@ def qwen_sliding(raw: dict) -> tuple:
 
 #: an architecture -> (its window, the layers that slide) as transformers derives them from a config
 SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": every_layer_slides(None),
-           "SmolLM3ForCausalLM": smollm3_sliding, "Gemma3ForCausalLM": gemma3_sliding,
+           "SmolLM3ForCausalLM": smollm3_sliding,
+           "Gemma2ForCausalLM": lambda raw: gemma_sliding(raw, gemma2_layer_types(raw)),
+           "Gemma3ForCausalLM": lambda raw: gemma_sliding(raw, gemma3_layer_types(raw)),
            "Qwen2ForCausalLM": qwen_sliding, "Qwen3ForCausalLM": qwen_sliding}
 
 
@@ -365,16 +374,33 @@ def layer_kinds(raw: dict) -> set[str]:
     return kinds
 
 
+def given_layer_types(raw: dict) -> list[str] | None:
+    """A Gemma config's `layer_types` where it sets one, checked: one known kind a layer (the Gemma classes read it as
+    given; an empty list is refused too); None where it sets none (the class derives the kinds)."""
+    n = raw["num_hidden_layers"]
+    if raw.get("layer_types") is None:
+        return None
+    layer_kinds(raw)
+    if len(raw["layer_types"]) != n:  # an empty list (`layer_kinds` checked any other)
+        raise CheckpointError(f"config.json sets layer_types={json.dumps(raw['layer_types'])[:80]}: not one kind "
+                              f"for each of its {n} layers")
+    return raw["layer_types"]
+
+
+def gemma2_layer_types(raw: dict) -> list[str]:
+    """A Gemma 2 config's layer kinds as transformers reads them: `layer_types`, else layer i slides when (i + 1) % 2
+    is not 0 (layers 0, 2, 4, ...), its class's derivation (llama.cpp's gemma2 too: swa pattern 2)."""
+    given = given_layer_types(raw)
+    n = raw["num_hidden_layers"]
+    return given if given is not None else ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+
+
 def gemma3_layer_types(raw: dict) -> list[str]:
     """A Gemma 3 config's layer kinds as transformers reads them: `layer_types` (one known kind a layer), else layer i
     slides unless (i + 1) % `sliding_window_pattern` (default 6) is 0, its class's derivation."""
     n = raw["num_hidden_layers"]
-    if raw.get("layer_types") is not None:
-        layer_kinds(raw)
-        if len(raw["layer_types"]) != n:  # an empty list (`layer_kinds` checked any other)
-            raise CheckpointError(f"config.json sets layer_types={json.dumps(raw['layer_types'])[:80]}: not one kind "
-                                  f"for each of its {n} layers")
-        return raw["layer_types"]
+    if (given := given_layer_types(raw)) is not None:
+        return given
     pattern = raw.get("sliding_window_pattern", 6)
     if type(pattern) is not int or pattern < 1:
         raise CheckpointError(f"config.json sets sliding_window_pattern={json.dumps(pattern)}: not a positive integer")
@@ -412,7 +438,31 @@ def gemma3_fields(raw: dict) -> tuple[dict, dict]:
     flat = {k: v for k, v in raw.items() if k != "rope_scaling"} | {"rope_parameters": full}
     layers = tuple(i for i, kind in enumerate(gemma3_layer_types(raw)) if kind == "sliding_attention")
     theta = positive_number("rope_parameters.sliding_attention.rope_theta", local["rope_theta"]) if layers else 0.0
-    return flat, {"embed_scale": raw["hidden_size"] ** 0.5, "local_layers": layers, "local_rope_theta": theta}
+    return flat, {"embed_scale": raw["hidden_size"] ** 0.5, "local_layers": layers, "local_rope_theta": theta,
+                  **softcaps(raw, {"final_logit_softcapping": None})}  # (its attention cap: check_unsupported)
+
+
+CAP_FIELDS = {"attn_logit_softcapping": "attn_softcap", "final_logit_softcapping": "logit_softcap"}
+
+
+def softcaps(raw: dict, defaults: dict[str, float | None]) -> dict:
+    """The TransformerConfig caps of a Gemma 2 or 3 config from the keys `defaults` names (CAP_FIELDS:
+    `attn_logit_softcapping`, each scaled attention score; `final_logit_softcapping`, each logit), absent their class
+    defaults; null (None) is no cap, 0.0, as the classes skip it; a value is a positive number (0 or less would
+    divide by 0 or flip the scores)."""
+    out = {}
+    for key, default in defaults.items():
+        value = raw.get(key, default)
+        out[CAP_FIELDS[key]] = 0.0 if value is None else positive_number(key, value)
+    return out
+
+
+def gemma2_fields(raw: dict) -> tuple[dict, dict]:
+    """A Gemma 2 config as hf_config reads it: Llama's keys (one RoPE base for every layer), and the fields it adds:
+    the embedding scale sqrt(hidden_size) and the two softcaps (class defaults 50 and 30). Its sliding layers:
+    SLIDING; its norm offsets and attention scale: FOLDS."""
+    return raw, {"embed_scale": raw["hidden_size"] ** 0.5,
+                 **softcaps(raw, {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0})}
 
 
 def gemma_fields(raw: dict) -> tuple[dict, dict]:
@@ -421,7 +471,7 @@ def gemma_fields(raw: dict) -> tuple[dict, dict]:
 
 
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
-FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma3ForCausalLM": gemma3_fields}
+FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields}
 
 
 def gemma_norms(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -443,8 +493,23 @@ def gemma3_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tenso
     return fold
 
 
+def gemma2_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A Gemma 2 HF tensor as specgen's model reads it: its norms' offsets folded (`gemma_norms`), q's projection
+    times sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(head_dim) scores are transformers'
+    query_pre_attn_scalar^-1/2 ones (1 for 2B and 9B, whose scalar is their head size; not for 27B: 144 over heads of
+    128). Exact: RoPE turns q linearly, and the softcap takes the score after the scale, as transformers' does."""
+    scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
+
+    def fold(name: str, t: torch.Tensor) -> torch.Tensor:
+        t = gemma_norms(name, t)
+        return t * scale if name.endswith("self_attn.q_proj.weight") and scale != 1 else t
+
+    return fold
+
+
 #: an architecture -> how its HF tensors become specgen's (name, stored float32 tensor -> tensor)
-FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms, "Gemma3ForCausalLM": gemma3_fold}
+FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms, "Gemma2ForCausalLM": gemma2_fold,
+         "Gemma3ForCausalLM": gemma3_fold}
 
 
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv

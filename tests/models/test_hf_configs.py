@@ -249,11 +249,12 @@ def test_context_above_the_cap_is_capped_and_refused_beyond():
     assert hf_config(raw).max_seq_len == 8192
 
 
-# a checkpoint to decode greedily: Llama 3 scaled; SmolLM3 with NoPE layers; Gemma 3 past its window (a 40-token
-# prompt, window 16)
+# a checkpoint to decode greedily: Llama 3 scaled; SmolLM3 with NoPE layers; Gemma 3 and Gemma 2 (capped) past their
+# window (a 40-token prompt, window 16)
 GREEDY = {"llama3": lambda: hf_model("LlamaForCausalLM", rope_scaling=LLAMA3),
           "smollm3": lambda: hf_model("SmolLM3ForCausalLM", **dict(SMOLLM3, no_rope_layers=[1, 0, 1, 0])),
-          "gemma3": lambda: gemma3_model(**GEMMA3_CASES["gemma3-linear"])}
+          "gemma3": lambda: gemma3_model(**GEMMA3_CASES["gemma3-linear"]),
+          "gemma2": lambda: gemma2_model()}
 
 
 @pytest.mark.parametrize("case", GREEDY)
@@ -290,12 +291,16 @@ def raw_llama(**over) -> dict:
     (dict(rope_scaling={"rope_type": "linear"}), "factor"),
     *[(dict(architectures=["GemmaForCausalLM"], **{key: value}), key)
       for key, value in (("attention_bias", True), ("use_bidirectional_attention", True), ("hidden_act", "silu"))],
-    (dict(architectures=["Gemma2ForCausalLM"]), "Gemma 2's attention and final logit softcapping"),
+    *[(dict(architectures=["Gemma2ForCausalLM"], **{key: value}), key)
+      for key, value in (("use_bidirectional_attention", True), ("attention_bias", True),
+                         ("hidden_activation", "gelu"), ("hidden_activation", "silu"))],
+    (dict(architectures=["Gemma2ForCausalLM"], sliding_window=None), "sliding_window"),
+    (dict(architectures=["Gemma2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
     (dict(architectures=["Gemma3ForConditionalGeneration"]), "import a text-only one (Gemma3ForCausalLM"),
     *[(dict(architectures=["Gemma3ForCausalLM"], **{key: value}), key)
-      for key, value in (("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0),
-                         ("use_bidirectional_attention", True), ("attention_bias", True),
-                         ("hidden_activation", "gelu"), ("hidden_activation", "silu"))],
+      for key, value in (("use_bidirectional_attention", True), ("attention_bias", True),
+                         ("attn_logit_softcapping", 50.0), ("hidden_activation", "gelu"),
+                         ("hidden_activation", "silu"))],
     (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
      "rope_parameters"),  # flat: Gemma 3 reads one dict per layer kind
     (dict(architectures=["Gemma3ForCausalLM"], rope_parameters={"sliding_attention": {
@@ -341,8 +346,14 @@ def test_refusals_name_the_key(over, named):
     # refusal named its characters
     *[(dict(architectures=[arch], use_sliding_window=True, sliding_window=4, layer_types=kinds),
        f"layer_types={json.dumps(kinds)}: not one kind for each of its 2 layers")
-      for arch in ("Qwen2ForCausalLM", "SmolLM3ForCausalLM", "Gemma3ForCausalLM")
+      for arch in ("Qwen2ForCausalLM", "SmolLM3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM")
       for kinds in (["sliding_attention"], ["full_attention"] * 3, "sliding_attention", [["sliding_attention"]] * 2)],
+    # a cap of 0 or less would divide by 0 or flip the scores; a string would break at the entry's first use
+    *[(dict(architectures=[arch], **{key: value}), f"{key}={json.dumps(value)}: not a positive number")
+      for arch, key, value in (("Gemma2ForCausalLM", "attn_logit_softcapping", 0.0),
+                               ("Gemma2ForCausalLM", "attn_logit_softcapping", -50.0),
+                               *[(arch, "final_logit_softcapping", value) for value in (0, -30.0, "30")
+                                 for arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")])],
 ])
 def test_a_config_number_that_builds_no_model_is_one_line(over, says):
     """A count that was a string, null, zero or a float, or an epsilon that was a string, was carried into the entry
@@ -529,7 +540,9 @@ def test_a_tokenizer_that_does_not_load_is_one_line_naming_the_folder(tmp_path):
 GEMMA3 = dict(num_hidden_layers=7, head_dim=16, query_pre_attn_scalar=24, sliding_window=16, rope_theta=1000.0,
               rope_local_base_freq=100.0, pad_token_id=0, bos_token_id=0, eos_token_id=0)
 GEMMA3_CASES = {"gemma3": {}, "gemma3-linear": dict(rope_scaling={"rope_type": "linear", "factor": 4.0}),
-                "gemma3-untied-head-size-scalar": dict(tie_word_embeddings=False, query_pre_attn_scalar=16)}
+                "gemma3-untied-head-size-scalar": dict(tie_word_embeddings=False, query_pre_attn_scalar=16),
+                # Gemma 3's class caps the logits where its config sets a final cap (its attention cap: refused)
+                "gemma3-softcap": dict(final_logit_softcapping=3.0)}
 
 
 def gemma3_model(**over):
@@ -566,11 +579,18 @@ def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
              "no_window": (dataclasses.replace(cfg, window=0), state)}
     if scale != 1:
         wrong["scalar"] = (cfg, {k: v / scale if k.endswith("q_norm.weight") else v for k, v in state.items()})
+    wrong |= uncapped(cfg, state)
     out = {}
     for name, (c, s) in wrong.items():
         out[name] = Transformer(c).eval()
         out[name].load_state_dict(s)
     return out
+
+
+def uncapped(cfg, state: dict) -> dict[str, tuple]:
+    """The controls of a capped config: each cap it sets undone (0: none), as (config, state)."""
+    return {field: (dataclasses.replace(cfg, **{field: 0.0}), state) for field in ("attn_softcap", "logit_softcap")
+            if getattr(cfg, field)}
 
 
 @pytest.mark.parametrize("case", GEMMA3_CASES)
@@ -589,7 +609,9 @@ def test_gemma3_logits_equal_transformers(case, tmp_path):
     assert type(exported).__name__ == "Gemma3ForCausalLM"
     assert_same(ours, exported, x)
     controls = gemma3_controls(ours, theirs.config.query_pre_attn_scalar)
-    assert len(controls) == (4 if case == "gemma3-untied-head-size-scalar" else 5)
+    assert ("scalar" in controls) == (case != "gemma3-untied-head-size-scalar")
+    assert ("logit_softcap" in controls) == (case == "gemma3-softcap") and "attn_softcap" not in controls
+    assert (ours.cfg.attn_softcap, ours.cfg.logit_softcap) == (0.0, 3.0 if case == "gemma3-softcap" else 0.0)
     for name, wrong in controls.items():
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
 
@@ -685,7 +707,106 @@ def test_a_gemma_block_that_gemma3_cannot_express_is_not_exported(over):
     for Gemma's fields without them only with the rest of Gemma 1's (here: q/k norms, which it has not)."""
     from tests.conftest import GEMMA, tiny_model
 
-    with pytest.raises(ValueError, match="Gemma 3|SmolLM3"):  # (NoPE layers: SmolLM3's, which has no q/k norms)
+    # (NoPE layers: SmolLM3's, which has no q/k norms; without q/k norms: Gemma 2's class, which has one RoPE base)
+    with pytest.raises(ValueError, match="Gemma 2|Gemma 3|SmolLM3"):
         to_hf(tiny_model(0, **{**GEMMA, "local_layers": (0,) if "nope_layers" in over else (1,), **over}))
     with pytest.raises(ValueError, match="as Gemma 1"):  # without sandwich norms: Gemma 1's class, no q/k norms
         to_hf(tiny_model(0, **{**GEMMA, "sandwich_norms": False}))
+
+
+# Gemma 2 over 5 layers: layers 0, 2 and 4 slide (its class's derivation) over a window of 16 (sequences of 100
+# tokens: several windows), one RoPE base; caps small enough that this tiny model's scores and logits (up to ~10
+# uncapped) pass them, so each cap shows; a query_pre_attn_scalar other than the head size
+GEMMA2 = dict(num_hidden_layers=5, head_dim=16, query_pre_attn_scalar=24, sliding_window=16, rope_theta=1000.0,
+              attn_logit_softcapping=2.0, final_logit_softcapping=3.0, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+GEMMA2_CASES = {"gemma2": {}, "gemma2-untied": dict(tie_word_embeddings=False),
+                "gemma2-head-size-scalar": dict(query_pre_attn_scalar=16)}
+
+
+def gemma2_model(**over):
+    """A random tiny transformers Gemma2ForCausalLM (eager attention: its class has no SDPA), norm offsets around 0."""
+    return gemma_model("Gemma2ForCausalLM", transformers.Gemma2Config(**{**SHAPE, **GEMMA2, **over}))
+
+
+def gemma2_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
+    """The loaded model with one Gemma 2 detail undone each: no norm offsets, no embedding scale, no attention cap,
+    no logit cap, no window (every layer attending fully), and (where the checkpoint's query_pre_attn_scalar is not
+    its head size) the head size's scale (the fold on q's rows of wqkv undone)."""
+    cfg, state = ours.cfg, ours.state_dict()
+    q_rows, scale = cfg.n_heads * cfg.hd, (cfg.hd / scalar) ** 0.5
+
+    def unscaled(k: str, v: torch.Tensor) -> torch.Tensor:
+        return torch.cat([v[:q_rows] / scale, v[q_rows:]]) if k.endswith("wqkv.weight") else v
+
+    wrong = {"offsets": (cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
+             "embed_scale": (dataclasses.replace(cfg, embed_scale=1.0), state),
+             "no_window": (dataclasses.replace(cfg, window=0, local_layers=()), state), **uncapped(cfg, state)}
+    if scale != 1:
+        wrong["scalar"] = (cfg, {k: unscaled(k, v) for k, v in state.items()})
+    out = {}
+    for name, (c, s) in wrong.items():
+        out[name] = Transformer(c).eval()
+        out[name].load_state_dict(s)
+    return out
+
+
+@pytest.mark.parametrize("case", GEMMA2_CASES)
+def test_gemma2_logits_equal_transformers(case, tmp_path):
+    """Gemma 2 loads exactly: norm offsets and the attention scale folded into the weights, the scaled embedding,
+    GeGLU, sandwich norms, every other layer sliding from layer 0, the attention cap on the scaled scores and the
+    final cap on the logits; uncached, through a cache, and from the hf row's export (transformers' Gemma 2 of the
+    same math). Controls: each detail undone is visibly wrong."""
+    theirs = gemma2_model(**GEMMA2_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg = ours.cfg
+    assert (cfg.max_seq_len, cfg.local_layers, cfg.window, cfg.local_rope_theta) == (256, (0, 2, 4), 16, 0.0)
+    assert (cfg.attn_softcap, cfg.logit_softcap, cfg.sandwich_norms, cfg.qk_norm) == (2.0, 3.0, True, False)
+    assert cfg.tie_embeddings == (case != "gemma2-untied")
+    x = tokens(100)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    exported = to_hf(ours)
+    assert type(exported).__name__ == "Gemma2ForCausalLM"
+    assert_same(exported, theirs, x)
+    controls = gemma2_controls(ours, theirs.config.query_pre_attn_scalar)
+    assert set(controls) == {"offsets", "embed_scale", "no_window", "attn_softcap", "logit_softcap"} | (
+        set() if case == "gemma2-head-size-scalar" else {"scalar"})
+    for name, wrong in controls.items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_a_gemma2_config_without_its_keys_takes_transformers_class_defaults():
+    """Gemma 2's class defaults: head size 256, 4 KV heads, RoPE base 1e4 in every layer, a tied head, an 8192
+    context, a 4096 window over every other layer from layer 0, caps 50 (scores) and 30 (logits),
+    query_pre_attn_scalar 256 (the head size: no fold), GeGLU."""
+    raw = {k: v for k, v in SHAPE.items() if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings")}
+    raw |= {"num_hidden_layers": 5, "num_attention_heads": 8}
+    theirs = transformers.Gemma2Config(**raw)
+    cfg = hf_config({**raw, "architectures": ["Gemma2ForCausalLM"]})
+    assert (cfg.hd, cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len) == (
+        theirs.head_dim, theirs.num_key_value_heads, True, theirs.max_position_embeddings) == (256, 4, True, 8192)
+    assert cfg.rope_theta == theirs.rope_parameters["rope_theta"] == 1e4 and cfg.local_rope_theta == 0
+    assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
+    assert cfg.local_layers == (0, 2, 4) and cfg.window == theirs.sliding_window == 4096
+    assert (cfg.attn_softcap, cfg.logit_softcap) == (
+        theirs.attn_logit_softcapping, theirs.final_logit_softcapping) == (50.0, 30.0)
+    assert theirs.query_pre_attn_scalar == cfg.hd and theirs.hidden_activation == "gelu_pytorch_tanh"
+    assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and cfg.sandwich_norms and not cfg.qk_norm
+
+
+def test_a_legacy_gemma2_config_reads_the_same(tmp_path):
+    """transformers 4.x Gemma 2 configs (gemma-2-2b's, 9b's, 27b's): `rope_theta` at the top level, no `layer_types`
+    (every other layer slides, from layer 0), `hidden_act` beside `hidden_activation` (which the class reads); null
+    caps are none."""
+    theirs = gemma2_model()
+    theirs.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    legacy = {k: v for k, v in raw.items() if k not in ("rope_parameters", "layer_types")}
+    legacy |= {"rope_theta": 1000.0, "hidden_act": "gelu_pytorch_tanh", "sliding_window_size": 16}
+    assert hf_config(legacy) == hf_config(raw)
+    assert hf_config({**legacy, "num_hidden_layers": 6}).local_layers == (0, 2, 4)
+    uncapped_cfg = hf_config({**raw, "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert (uncapped_cfg.attn_softcap, uncapped_cfg.logit_softcap) == (0.0, 0.0)
+    marked = hf_config({**raw, "layer_types": ["full_attention"] * 4 + ["sliding_attention"]})
+    assert marked.local_layers == (4,)
