@@ -14,13 +14,18 @@ from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, fo
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
-                "gemma": "half", "gemma3": "half"}
+                "gemma": "half", "gemma2": "half", "gemma3": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
 # gemma3 as llama.cpp's loader fixes it (no GGUF key holds these): every layer but each sixth slides, with RoPE base
 # 1e4 unscaled; the attention scale is 1/sqrt(head size), 1/sqrt(hidden / heads) for the 62-layer 27B
 GEMMA3_STEP, GEMMA3_LOCAL_THETA, GEMMA3_27B_LAYERS = 6, 10000.0, 62
+# gemma2 as llama.cpp's loader fixes it: every other layer slides, layer 0 first (swa pattern 2), over 4096 positions
+# unless the file says; both caps on (50 and 30 unless the file says); the attention scale 1/sqrt(head size),
+# 1/sqrt(hidden / heads) for the 46-layer 27B
+GEMMA2_WINDOW, GEMMA2_CAPS, GEMMA2_27B_LAYERS = 4096, {"attn_logit_softcapping": 50.0,
+                                                       "final_logit_softcapping": 30.0}, 46
 GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
@@ -86,7 +91,8 @@ def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     (which llama.cpp would ignore), is refused: the file says another model than llama.cpp runs."""
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if gguf_field(reader, f"gemma3.{key}"):
-            raise UsageError(f"GGUF file {source} sets gemma3.{key}: softcapping is not implemented")
+            raise UsageError(f"GGUF file {source} sets gemma3.{key}: a gemma3 GGUF's softcapping is not mapped "
+                             "(transformers' Gemma 3 caps no attention score); import the HF folder")
     local = [(i + 1) % GEMMA3_STEP != 0 for i in range(n_layers)]
     base = gguf_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_THETA)
     pattern = gguf_field(reader, "gemma3.attention.sliding_window_pattern", local)
@@ -106,6 +112,27 @@ def gemma3_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.T
     return lambda name, t: t * scale if name.endswith("attn_q_norm.weight") and scale != 1 else t
 
 
+def gemma2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields a gemma2 GGUF adds to Llama's, as llama.cpp builds the model: GeGLU, sandwich norms
+    (their weights stored with Gemma's + 1 added by the converter), the sqrt(dim) embedding scale, the even layers
+    sliding over `gemma2.attention.sliding_window` (default GEMMA2_WINDOW), one RoPE base, and the two caps it always
+    applies (`gemma2.attn_logit_softcapping`, `gemma2.final_logit_softcapping`; a cap of 0 or less is refused)."""
+    caps = {key: gguf_positive(reader, f"gemma2.{key}", source, default) for key, default in GEMMA2_CAPS.items()}
+    return {"ffn_act": "gelu_tanh", "sandwich_norms": True, "embed_scale": dim**0.5,
+            "local_layers": tuple(range(0, n_layers, 2)),
+            "window": gguf_field(reader, "gemma2.attention.sliding_window", GEMMA2_WINDOW),  # (checked by the caller)
+            "attn_softcap": caps["attn_logit_softcapping"], "logit_softcap": caps["final_logit_softcapping"]}
+
+
+def gemma2_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A gemma2 GGUF tensor as specgen's model reads it: q's projection times sqrt(head size / the size llama.cpp
+    scales scores by) (1 but for a 27B: its heads of 128 scaled by hidden / heads = 144, transformers'
+    query_pre_attn_scalar), so the kernels' 1/sqrt(head size) scores are llama.cpp's; the cap takes them after."""
+    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == GEMMA2_27B_LAYERS else cfg.hd
+    scale = (cfg.hd / scalar) ** 0.5
+    return lambda name, t: t * scale if name.endswith("attn_q.weight") and scale != 1 else t
+
+
 def window_fields(window: int | None, extra: dict) -> dict:
     """The sliding window's TransformerConfig field where the architecture's fields place its layers (gemma3's
     local_layers, llama.cpp's SWA layers); {} otherwise (no window, or layers specgen cannot name)."""
@@ -119,7 +146,8 @@ def gemma_fields(reader, source: str, dim: int, n_layers: int) -> dict:
 
 
 #: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's; None: as stored)
-GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma3": (gemma3_fields, gemma3_fold)}
+GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma2": (gemma2_fields, gemma2_fold),
+               "gemma3": (gemma3_fields, gemma3_fold)}
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:

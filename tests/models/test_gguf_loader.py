@@ -4,6 +4,7 @@ one from a transformers model's folder, its logits transformers' (1e-4); what th
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 
@@ -18,8 +19,8 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model, gemma3_model,
-                                          hf_model, logits, tokens)
+from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model, gemma2_model,
+                                          gemma3_model, hf_model, logits, tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -323,15 +324,15 @@ def test_a_gemma3_gguf_decodes_as_transformers_gemma3(tmp_path):
 
 
 @pytest.mark.parametrize("keys,needle", [
-    (dict(final_logit_softcapping=30.0), "gemma3.final_logit_softcapping: softcapping is not implemented"),
-    (dict(attn_logit_softcapping=50.0), "gemma3.attn_logit_softcapping: softcapping is not implemented"),
+    (dict(final_logit_softcapping=30.0), "gemma3.final_logit_softcapping: a gemma3 GGUF's softcapping is not mapped"),
+    (dict(attn_logit_softcapping=50.0), "gemma3.attn_logit_softcapping: a gemma3 GGUF's softcapping is not mapped"),
     (dict(rope_freq_base_swa=1e6), "gemma3.rope.freq_base_swa, which llama.cpp's gemma3 loader fixes"),
     (dict(sliding_window_pattern=[True, False] * 3 + [True]), "gemma3.attention.sliding_window_pattern, which"),
     (dict(pattern=lambda w: w.add_uint32("gemma3.attention.sliding_window_pattern", 6)),  # a count, not one a layer
      "gemma3.attention.sliding_window_pattern, which"),
 ])
 def test_a_gemma3_gguf_key_llama_cpp_ignores_or_specgen_lacks_is_refused(keys, needle, tmp_path):
-    """Softcapping (Gemma 2's, not implemented), or a local base or layer pattern other than the ones llama.cpp's
+    """Softcapping (not mapped for gemma3), or a local base or layer pattern other than the ones llama.cpp's
     gemma3 loader fixes (the file would say one model, llama.cpp run another): one line naming the key."""
     _, path = gemma3_gguf(tmp_path, **keys)
     with pytest.raises(UsageError, match=needle):
@@ -342,6 +343,71 @@ def test_a_gemma3_gguf_of_the_default_pattern_and_base_written_out_loads(tmp_pat
     """The same pattern and base written as keys are what llama.cpp fixes: the file loads as without them."""
     _, path = gemma3_gguf(tmp_path, rope_freq_base_swa=10000.0, sliding_window_pattern=[True] * 5 + [False, True])
     assert load_gguf(path).cfg.local_layers == (0, 1, 2, 3, 4, 6)
+
+
+def gemma2_gguf(tmp_path, layers: int, **keys) -> tuple:
+    """A transformers Gemma 2 (window 16, caps 2 and 3) of `layers` layers whose query_pre_attn_scalar is the one
+    llama.cpp's gemma2 scales by (the head size 16; hidden / heads = 8 for the 46-layer 27B), and its gemma2 GGUF as
+    llama.cpp's converter writes it: norms with its + 1, q's projection as stored (the HF loader's fold undone), the
+    window and caps as keys (`keys`: others, or `lambda w: None` to leave one out)."""
+    theirs = gemma2_model(num_hidden_layers=layers, query_pre_attn_scalar=8 if layers == 46 else 16)
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, q_rows = loaded.cfg, loaded.cfg.n_heads * loaded.cfg.hd
+    scale = (cfg.hd / theirs.config.query_pre_attn_scalar) ** 0.5
+    state = {k: torch.cat([v[:q_rows] / scale, v[q_rows:]]) if k.endswith("wqkv.weight") else v
+             for k, v in loaded.state.items()}
+    write_gguf(tmp_path / "g.gguf", cfg, state, arch="gemma2",
+               **{"sliding_window": 16, "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0, **keys})
+    return theirs, tmp_path / "g.gguf"
+
+
+@pytest.mark.parametrize("layers", [5, 46])
+def test_a_gemma2_gguf_decodes_as_transformers_gemma2(layers, tmp_path):
+    """A gemma2 GGUF (norms with the converter's + 1, sandwich norms, the caps and window as keys; the layers that
+    slide and the attention scale as llama.cpp's gemma2 fixes them: layers 0, 2, 4, ..., 1/sqrt(head size) but for
+    the 46-layer 27B's 1/sqrt(hidden / heads)) gives transformers' logits, uncached and through a cache, and so does
+    the hf row's export of it. Controls: no attention cap, no logit cap, no window, no embedding scale, and (27B)
+    the head size's scale each differ."""
+    theirs, path = gemma2_gguf(tmp_path, layers)
+    loaded = load_gguf(path)
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state, strict=False) == (["output.weight"], [])  # tied: the embedding's
+    # the HF folder's config, its window, caps and context included (but the epsilon, a float32 key)
+    assert dataclasses.replace(loaded.cfg, norm_eps=1e-6) == load_hf_folder(tmp_path / "hf").cfg
+    assert loaded.cfg.local_layers == tuple(range(0, layers, 2)) and loaded.cfg.window == 16
+    assert (loaded.cfg.attn_softcap, loaded.cfg.logit_softcap, loaded.cfg.max_seq_len) == (2.0, 3.0, 256)
+    x = tokens(100 if layers < 46 else 40)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    controls = [(dict(attn_softcap=0.0), {}), (dict(logit_softcap=0.0), {}), (dict(window=0, local_layers=()), {}),
+                (dict(embed_scale=1.0), {})]
+    if layers == 46:  # llama.cpp's 27B scale undone: the fold's q rows back as stored
+        q_rows = loaded.cfg.n_heads * loaded.cfg.hd
+        controls.append(({}, {k: torch.cat([v[:q_rows] / 2**0.5, v[q_rows:]]) for k, v in loaded.state.items()
+                              if k.endswith("wqkv.weight")}))
+    for over, weights in controls:
+        wrong = Transformer(dataclasses.replace(loaded.cfg, **over)).eval()
+        wrong.load_state_dict(loaded.state | weights, strict=False)
+        assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2), over or "scale"
+
+
+def test_a_gemma2_gguf_without_its_window_or_caps_takes_llama_cpps_defaults(tmp_path):
+    """llama.cpp's gemma2 loader defaults: a 4096 window, caps 50 and 30 (it always caps both)."""
+    none = lambda w: None  # noqa: E731
+    _, path = gemma2_gguf(tmp_path, 5, sliding_window=none, attn_logit_softcapping=none, final_logit_softcapping=none)
+    cfg = load_gguf(path).cfg
+    assert (cfg.window, cfg.local_layers, cfg.attn_softcap, cfg.logit_softcap) == (4096, (0, 2, 4), 50.0, 30.0)
+
+
+@pytest.mark.parametrize("key,value", [("attn_logit_softcapping", 0.0), ("final_logit_softcapping", -30.0)])
+def test_a_gemma2_gguf_cap_that_is_not_positive_is_one_line(key, value, tmp_path):
+    """llama.cpp divides by the cap: 0 or less is no model (one line naming the key)."""
+    _, path = gemma2_gguf(tmp_path, 5, **{key: value})
+    with pytest.raises(CheckpointError, match=f"^GGUF file g.gguf sets gemma2.{key}={json.dumps(value)}: not a "
+                                              "positive number$"):
+        load_gguf(path)
 
 
 def test_a_truncated_gguf_says_so(tmp_path):
