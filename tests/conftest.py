@@ -121,6 +121,11 @@ GEMMA = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, qk_n
              local_rope_theta=100.0, tie_embeddings=False)
 # Gemma 1's block over tiny_config's shape: Llama's, with the scaled embedding and GeGLU
 GEMMA1 = dict(embed_scale=32**0.5, ffn_act="gelu_tanh")
+# Gemma 2's block over tiny_config's shape: Gemma 3's without q/k norms or a local RoPE base, its local layer 0
+# sliding over 6 positions, scores capped at 2 (this tiny model's run past it: the cap changes the tokens) and
+# logits at 5 (monotone: greedy tokens keep, sampled ones not)
+GEMMA2 = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, local_layers=(0,), window=6,
+              attn_softcap=2.0, logit_softcap=5.0, tie_embeddings=False)
 # sliding-window targets over tiny_config's shape, decoded well past their window: Gemma 3's block with its local
 # layer 0 sliding over 6 positions, and Mistral's kind (Llama's block, every layer sliding over 5)
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}

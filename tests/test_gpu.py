@@ -18,7 +18,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model,
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model,
                             unwindowed)
 
 pytestmark = pytest.mark.gpu
@@ -192,6 +192,8 @@ TARGETS = {
     "gemma": (GEMMA, NEW),
     # Gemma 1's: scaled embedding and GeGLU in Llama's block, whose residual adds run in the fused norms
     "gemma1": (GEMMA1, NEW),
+    # Gemma 2's: Gemma 3's block without q/k norms, scores capped in the list kernel, layer 0 sliding past its window
+    "gemma2": (GEMMA2, 40),
     # local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
     # windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read)
     **{f"sliding-{kind}": (over, 40) for kind, over in SLIDING.items()},
