@@ -9,13 +9,13 @@ import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
-from specgen.eval.hf_rows import one_token, timed_static_greedy
+from specgen.eval.hf_rows import generate_padded, one_token, timed_static_greedy
 from specgen.methods import run_batch
 from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from tests.cli.test_cli_bench_prompts import BENCH
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
-from tests.conftest import tiny_model
+from tests.conftest import GEMMA2, tiny_model, unwindowed
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -28,6 +28,23 @@ def test_the_static_cache_loop_decodes_what_ar_decodes_and_stops_at_a_stop_id():
     assert new == ar and seconds > 0
     stop = ar[5]
     assert timed_static_greedy(hf, one_token, PROMPT, 12, (stop,), 64)[0] == ar[: ar.index(stop) + 1]
+
+
+def test_the_hf_rows_of_a_gemma2_target_decode_what_ar_decodes():
+    """A Gemma 2 target (scores capped, layer 0 sliding over 6 positions; 30 tokens past it) exports as transformers'
+    Gemma2ForCausalLM, whose `hf` (generate), `hf-lookup` (prompt lookup) and `hf-compiled` (its StaticCache loop,
+    uncompiled here) decode AR's tokens. Controls: the exports without the score cap or the window decode others."""
+    def rows(over: dict) -> list[list[int]]:
+        hf = to_hf(tiny_model(0, **over)).eval()
+        return [timed_static_greedy(hf, one_token, PROMPT, 30)[0], generate_padded(hf, [PROMPT], 30)[0][0],
+                generate_padded(hf, [PROMPT], 30, prompt_lookup_num_tokens=10)[0][0]]
+
+    model = tiny_model(0, **GEMMA2)
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 30, SamplingParams()).results[0].tokens
+    assert type(to_hf(model)).__name__ == "Gemma2ForCausalLM"
+    assert rows(GEMMA2) == [list(ar)] * 3
+    for other in ({**GEMMA2, "attn_softcap": 0.0}, unwindowed(GEMMA2)):
+        assert all(got != list(ar) for got in rows(other))
 
 
 def test_a_reused_static_cache_decodes_each_prompt_as_a_fresh_one():
