@@ -91,8 +91,8 @@ def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     (which llama.cpp would ignore), is refused: the file says another model than llama.cpp runs."""
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if gguf_field(reader, f"gemma3.{key}"):
-            raise UsageError(f"GGUF file {source} sets gemma3.{key}: a gemma3 GGUF's softcapping is not mapped "
-                             "(transformers' Gemma 3 caps no attention score); import the HF folder")
+            raise UsageError(f"GGUF file {source} sets gemma3.{key}: a gemma3 GGUF's softcapping is not mapped; "
+                             "import the HF folder")
     local = [(i + 1) % GEMMA3_STEP != 0 for i in range(n_layers)]
     base = gguf_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_THETA)
     pattern = gguf_field(reader, "gemma3.attention.sliding_window_pattern", local)
