@@ -810,3 +810,15 @@ def test_a_legacy_gemma2_config_reads_the_same(tmp_path):
     assert (uncapped_cfg.attn_softcap, uncapped_cfg.logit_softcap) == (0.0, 0.0)
     marked = hf_config({**raw, "layer_types": ["full_attention"] * 4 + ["sliding_attention"]})
     assert marked.local_layers == (4,)
+
+
+def test_gemma2_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp_path):
+    """In bfloat16 (capped scores on the CPU's chunked path) specgen's Gemma 2 logits stay as near the float32 ones as
+    transformers' own bfloat16 logits (measured: 0.14 against 0.10 of logits capped at 3)."""
+    theirs = gemma2_model()
+    theirs.save_pretrained(tmp_path)
+    ours, x = load(tmp_path), tokens(100)
+    exact = logits(theirs, x)
+    their_error = (logits(theirs.to(torch.bfloat16), x).float() - exact).abs().max()
+    our_error = (logits(ours.to(torch.bfloat16), x).float() - exact).abs().max()
+    assert our_error <= 2 * their_error
