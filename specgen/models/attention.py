@@ -31,7 +31,7 @@ class AttentionPlan:
     score_cols: torch.Tensor | None = None  # [B, S, N*CHUNK] trees: cache slot of each AR-layout column (pad: 0)
     value_rows: torch.Tensor | None = None  # [B*S*(T - lo)] trees: flat (batch, slot) rows of the values past lo
     out: torch.Tensor | None = None  # [B, S, H, D] in the queries' dtype: every layer's result (made by the first)
-    softcap: float = 0.0  # > 0: each scaled score s becomes softcap tanh(s / softcap) before the mask (`scores`)
+    softcap: float = 0.0  # > 0: each scaled score s becomes softcap tanh(s / softcap) before the mask (`masked_scores`)
 
     def __post_init__(self) -> None:
         b, hkv, n, r, d = self.q.shape
@@ -104,7 +104,7 @@ def plan(
     `start` [B, S] (a sliding window's): each query's first visible position, where AR's cache holds its first key
     (else 0). A query's visible keys are one a position, ascending: AR's layout holds them at columns [start, start +
     count), and a tree's query gets that layout (the list kernel reads lists, not layouts: it needs no `start`).
-    `softcap` > 0: the scores are capped (Gemma 2), alike on every path (`scores`, the list kernel's CAP)."""
+    `softcap` > 0: the scores are capped (Gemma 2), alike on every path (`masked_scores`, the list kernel's CAP)."""
     if attention_path(dtype, device, softcap) == "native":
         return native_plan(mask, b, s, t, heads, head_dim, lengths, dtype, device, softcap)
     out = chain_plan(mask, b, s, t, heads, kv_heads, head_dim, device, softcap)
