@@ -54,8 +54,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor,
     b, h, s, d = q.shape
     hkv = k.shape[1]
     kernels().attend_lists[(b * s, hkv)](
-        q, k, v, idx, count, out, s, d**-0.5, float(softcap), q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-        k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), out.stride(0),
+        q, k, v, idx, count, out, s, d**-0.5, float(softcap), q.stride(0), q.stride(1), q.stride(2), k.stride(0),
+        k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), out.stride(0),
         out.stride(1), out.stride(2), **tiles(h // hkv, d), CAP=bool(softcap), num_warps=WARPS)
 
 
