@@ -149,6 +149,16 @@ def cached_logits(model: Transformer, x: torch.Tensor, chunks=(13, 1, 1, 7, 2, 3
     return torch.cat(out, 1)
 
 
+def assert_exact_and_exported(ours: Transformer, theirs, x: torch.Tensor, cls: str) -> None:
+    """`ours` gives `theirs`' logits on x, uncached and through its cache in chunks, and its `to_hf` export (the `hf`
+    benchmark rows') is transformers' `cls` with the same logits."""
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    exported = to_hf(ours)
+    assert type(exported).__name__ == cls
+    assert_same(exported, theirs, x)
+
+
 def assert_windowed(ours: Transformer, theirs, n: int = 80) -> None:
     """Over n tokens (several windows) specgen's logits equal transformers' uncached, through a cache and from its
     `hf` export; control: the same model without its window differs (> 1e-2), so the window is what matched."""
@@ -603,11 +613,7 @@ def test_gemma3_logits_equal_transformers(case, tmp_path):
     ours = load(tmp_path)
     assert ours.cfg.max_seq_len == 256 and ours.cfg.local_layers == (0, 1, 2, 3, 4, 6) and ours.cfg.window == 16
     x = tokens(100)
-    assert_same(ours, theirs, x)
-    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
-    exported = to_hf(ours)  # the `hf` benchmark row's export: transformers' Gemma 3 with the same math
-    assert type(exported).__name__ == "Gemma3ForCausalLM"
-    assert_same(ours, exported, x)
+    assert_exact_and_exported(ours, theirs, x, "Gemma3ForCausalLM")
     controls = gemma3_controls(ours, theirs.config.query_pre_attn_scalar)
     assert ("scalar" in controls) == (case != "gemma3-untied-head-size-scalar")
     assert ("logit_softcap" in controls) == (case == "gemma3-softcap") and "attn_softcap" not in controls
@@ -631,11 +637,7 @@ def test_gemma1_logits_equal_transformers(case, tmp_path):
     assert (cfg.ffn_act, cfg.embed_scale, cfg.sandwich_norms, cfg.qk_norm, cfg.local_layers) == (
         "gelu_tanh", 32**0.5, False, False, ())
     x = tokens(60)
-    assert_same(ours, theirs, x)
-    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
-    exported = to_hf(ours)
-    assert type(exported).__name__ == "GemmaForCausalLM"
-    assert_same(ours, exported, x)
+    assert_exact_and_exported(ours, theirs, x, "GemmaForCausalLM")
     state = ours.state_dict()
     for c, s in ((cfg, {k: v - 1 if k.endswith("norm.weight") else v for k, v in state.items()}),
                  (dataclasses.replace(cfg, embed_scale=1.0), state), (dataclasses.replace(cfg, ffn_act="silu"), state)):
@@ -765,11 +767,7 @@ def test_gemma2_logits_equal_transformers(case, tmp_path):
     assert (cfg.attn_softcap, cfg.logit_softcap, cfg.sandwich_norms, cfg.qk_norm) == (2.0, 3.0, True, False)
     assert cfg.tie_embeddings == (case != "gemma2-untied")
     x = tokens(100)
-    assert_same(ours, theirs, x)
-    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
-    exported = to_hf(ours)
-    assert type(exported).__name__ == "Gemma2ForCausalLM"
-    assert_same(exported, theirs, x)
+    assert_exact_and_exported(ours, theirs, x, "Gemma2ForCausalLM")
     controls = gemma2_controls(ours, theirs.config.query_pre_attn_scalar)
     assert set(controls) == {"offsets", "embed_scale", "no_window", "attn_softcap", "logit_softcap"} | (
         set() if case == "gemma2-head-size-scalar" else {"scalar"})
