@@ -1,5 +1,5 @@
-"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3) of a specgen
-Transformer's weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2) of a
+specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,15 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
     partial RoPE under Phi-3's fused names (the class `to_hf` builds), q/k rows in transformers' order again; with a
     Gemma block (`gemma_block`) each norm as the offset w its 1 + w multiplies by (the loader's fold undone; Gemma 3's
     attention scale stays in q's norm, Gemma 2's in q's projection, exported with query_pre_attn_scalar = head size),
-    Gemma 2's and 3's sandwich norms under their names."""
+    Gemma 2's and 3's sandwich norms under their names (OLMo 2's too)."""
     cfg, sd = model.cfg, model.state_dict()
-    sizes, heads = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2, {"q": cfg.n_heads, "k": cfg.n_kv_heads}
+    sizes = [cfg.n_heads * cfg.hd] + [cfg.n_kv_heads * cfg.hd] * 2
     out = {}
     for ours, theirs in layer_map(cfg, "hf").items():
         for name, t in zip(theirs, sd[ours].split(sizes) if len(theirs) == 3 else (sd[ours],)):
             qk = re.search(r"self_attn\.([qk])_(proj|norm)\.", name)
             if qk and cfg.rope_layout == "interleaved":  # q/k rows and their norm weights follow the rotary pairs
-                t = interleaved_to_half(t, heads[qk[1]] if qk[2] == "proj" else 1)
+                t = interleaved_to_half(t, t.shape[0] // cfg.hd)  # the heads they span (a per-head norm: 1)
             if qk and cfg.rope_dim:  # partial RoPE: transformers' order of a head's dims
                 t = per_head(t, spread_order(cfg.hd, cfg.rope_dim).argsort())
             out[name] = t
@@ -44,8 +44,25 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def gemma_block(cfg) -> bool:
-    """Whether `to_hf` exports the config as a Gemma (1 or 3): its gate, embedding scale or local RoPE are theirs."""
-    return cfg.sandwich_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or bool(cfg.local_rope_theta)
+    """Whether `to_hf` exports the config as a Gemma (1 or 3): its gate, embedding scale or local RoPE are theirs; its
+    block has pre-norms (OLMo 2's sandwich norms without them: `olmo2`)."""
+    return cfg.pre_norms and (cfg.sandwich_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1
+                              or bool(cfg.local_rope_theta))
+
+
+def olmo2(cfg, common: dict):
+    """transformers' Olmo2ForCausalLM of a block without pre-norms (`cfg.pre_norms` false): sandwich norms, q and k
+    normed over their whole projections, SwiGLU. A config OLMo 2 cannot express is a ValueError."""
+    from transformers import Olmo2Config, Olmo2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    if not (cfg.qk_norm and cfg.qk_norm_span == "all" and cfg.ffn_act == "silu") or (
+            cfg.embed_scale != 1 or cfg.window or cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim
+            or cfg.qkv_bias or cfg.attn_softcap or cfg.logit_softcap or cfg.rope_layout != "half"):
+        raise ValueError("to_hf exports a block without pre-norms as OLMo 2, whose block has q/k norms over their "
+                         "whole projections, a SwiGLU gate, no embedding scale, window, caps or q/k/v biases and "
+                         "whole-head rotate-half RoPE in every layer")
+    return Olmo2ForCausalLM(Olmo2Config(**common, attention_bias=False, pad_token_id=None, bos_token_id=None,
+                                        eos_token_id=None))
 
 
 def gemma(cfg, common: dict):
@@ -164,7 +181,11 @@ def to_hf(model: Transformer):
                          "biases")
     if (cfg.attn_softcap or cfg.logit_softcap) and not cfg.sandwich_norms:  # only Gemma 2's and 3's classes cap
         raise ValueError("to_hf exports softcaps as Gemma 2 or Gemma 3, whose blocks have sandwich norms")
-    if cfg.sandwich_norms:
+    if cfg.qk_norm_span != "head" and cfg.pre_norms:  # (no loader builds one)
+        raise ValueError("to_hf exports q/k norms over whole projections as OLMo 2, whose block has no pre-norms")
+    if not cfg.pre_norms:
+        hf = olmo2(cfg, common)
+    elif cfg.sandwich_norms:
         hf = gemma3(cfg, common) if cfg.qk_norm else gemma2(cfg, common)
     elif gemma_block(cfg):
         hf = gemma(cfg, common)

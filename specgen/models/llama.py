@@ -34,13 +34,17 @@ HF_ARCHITECTURES = {
                           "tie_word_embeddings": True},  # Gemma 2 (2B, 9B, 27B)
     "Gemma3ForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 4, "head_dim": 256,
                           "rope_theta": 1000000.0, "tie_word_embeddings": True},  # Gemma 3 text (270M, 1B)
+    # OLMo 2 (1B, 7B, 13B, 32B): one key/value head per query head where unset, its own norm epsilon
+    "Olmo2ForCausalLM": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5},
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
 # FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
 BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm": True},
           "GemmaForCausalLM": {"ffn_act": "gelu_tanh"},
           "Gemma2ForCausalLM": {"sandwich_norms": True, "ffn_act": "gelu_tanh"},  # Gemma 3's, without q/k norms
-          "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"}}
+          "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"},
+          # OLMo 2: no norm before the sublayers, each output normed before its add, q and k normed whole
+          "Olmo2ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False}}
 # an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
 # Gemma 1's legacy "gelu" is read by its class as the tanh approximation
 # Gemma 2's and 3's classes read only hidden_activation (a hidden_act beside it is ignored, as in their config.json)
@@ -59,7 +63,8 @@ SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalL
             "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"),
             "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
-            "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention")}
+            "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention"),
+            "Olmo2ForCausalLM": ("attention_bias",)}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
            # (Gemma 3's: its transformers class keeps the key but caps no score; the config says another model)
            "attn_logit_softcapping": "transformers' Gemma3ForCausalLM ignores this cap, which its config sets: which "
@@ -121,7 +126,8 @@ def hf_config(raw: dict) -> TransformerConfig:
         return TransformerConfig(
             vocab_size=raw["vocab_size"], dim=raw["hidden_size"], n_layers=raw["num_hidden_layers"], n_heads=n_heads,
             n_kv_heads=n_kv_heads, ffn_dim=raw["intermediate_size"], head_dim=head_dim,
-            norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_layout="half", rope_scaling=scaling,
+            norm_eps=raw.get("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_layout="half",
+            rope_scaling=scaling,
             max_seq_len=capped_context(context, scaling),
             tie_embeddings=bool(raw.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
             rope_dim=rope_dim(raw, arch, head_dim or raw["hidden_size"] // n_heads), nope_layers=nope_layers(raw, arch),
@@ -528,7 +534,9 @@ LAYER_NAMES = {  # under layers.{i}. / model.layers.{i}. / blk.{i}.
     "feed_forward.w3.weight": ("mlp.up_proj.weight", "ffn_up.weight"),
     "feed_forward.w2.weight": ("mlp.down_proj.weight", "ffn_down.weight"),
 }
-SANDWICH_NAMES = {  # Gemma's: the feed-forward's input norm under another HF name, each sublayer's output norm
+# Gemma's: the feed-forward's input norm under another HF name, each sublayer's output norm; OLMo 2's output norms
+# (post_attention_layernorm is the attention's output norm here, as Gemma's, where Llama's is the FFN's input norm)
+SANDWICH_NAMES = {
     "ffn_norm.weight": ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
     "attention_out_norm.weight": ("post_attention_layernorm.weight", "post_attention_norm.weight"),
     "ffn_out_norm.weight": ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
@@ -541,7 +549,8 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
     concatenated along dim 0: q, k, v -> wqkv)."""
     col = list(LAYER_PREFIX).index(fmt)
     optional = {".output.weight": not cfg.tie_embeddings, ".wqkv.bias": cfg.qkv_bias, ".q_norm.weight": cfg.qk_norm,
-                ".k_norm.weight": cfg.qk_norm}
+                ".k_norm.weight": cfg.qk_norm, ".attention_norm.weight": cfg.pre_norms,
+                ".ffn_norm.weight": cfg.pre_norms}
 
     def names(name: str, prefix: str = "") -> tuple[str, ...]:
         return tuple(prefix + name.format(x) for x in "qkv") if "{}" in name else (prefix + name,)

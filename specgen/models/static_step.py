@@ -195,7 +195,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     # each layer's condition K/V: the bucket's first R rows of the static buffer
     conds = [None] * len(module.layers) if cross is None else [(ck[:r], cv[:r]) for ck, cv in cross]
-    if deferrable(module.cfg, h, module.layers[0].ffn_norm.weight):  # each residual add in the next norm
+    if deferrable(module.cfg, h, module.layers[0].ffn_norm):  # each residual add in the next norm
         f = None
         for i, (blk, cond) in enumerate(zip(module.layers, conds)):
             h, f = blk.deferred(h, f, rots[i], i, cache, masks[i], False, cond)

@@ -45,11 +45,13 @@ class TransformerConfig:
     caption_dim: int = 0  # > 0: LlamaGen t2i caption embedding (n_cond caption features of this width)
     rope_scaling: dict | None = None  # 1D context extension, as HF's rope_parameters (models/rope.scaled_inv_freq)
     qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k (weights [hd]) before RoPE
+    qk_norm_span: str = "head"  # the q/k norms' span (QK_NORM_SPANS): "head", or "all" (OLMo 2: q's and k's whole rows)
     rope_dim: int = 0  # > 0: partial RoPE (Phi-4-mini), only this many of a head's dims rotate (rope.spread_order)
     nope_layers: tuple[int, ...] = ()  # SmolLM3: the layers whose attention applies no RoPE (`layer_rotations`)
     embed_scale: float = 1.0  # Gemma: sqrt(dim); the input embeddings times this, rounded to their dtype (`embed`)
     ffn_act: str = "silu"  # the gate's activation (ACTIVATIONS): "silu" (SwiGLU), "gelu_tanh" (Gemma's GeGLU)
     sandwich_norms: bool = False  # Gemma: each sublayer's output normed before its residual add (Block)
+    pre_norms: bool = True  # False: OLMo 2, no norm before a block's sublayers (its sandwich norms its outputs: Block)
     local_layers: tuple[int, ...] = ()  # the sliding-attention layers: `window` (`layer_masks`), Gemma's RoPE base
     local_rope_theta: float = 0.0  # > 0: the local layers' own RoPE base (Gemma's, unscaled; `layer_rotations`)
     window: int = 0  # > 0: a local layer's query at position p sees keys at p - window + 1 .. p (0: all, as before)
@@ -77,6 +79,12 @@ class TransformerConfig:
             raise ValueError(f"nope_layers {list(self.nope_layers)} must be distinct increasing layer numbers below "
                              f"n_layers {self.n_layers}, in a 1D RoPE model")
         self.check_gemma_fields()
+        if not (type(self.qk_norm_span) is str and self.qk_norm_span in QK_NORM_SPANS) or (
+                self.qk_norm_span != "head" and not self.qk_norm):
+            raise ValueError(f"qk_norm_span {self.qk_norm_span!r} must be one of {', '.join(QK_NORM_SPANS)}, and "
+                             "head without qk_norm")
+        if not (self.pre_norms or self.sandwich_norms):  # a block that norms nothing: no model specgen loads
+            raise ValueError("a block without pre-norms (pre_norms false) needs sandwich_norms (OLMo 2's block)")
         for key in PER_FREQUENCY.get((self.rope_scaling or {}).get("rope_type"), ()):
             factors = self.rope_scaling.get(key)
             if not isinstance(factors, list) or len(factors) != self.rotary_dim // 2 or not all(
@@ -128,6 +136,9 @@ class TransformerConfig:
         return asdict(self)
 
 
+#: TransformerConfig.qk_norm_span -> (q's, k's) heads one norm spans: each head alone (Qwen3, Gemma 3: weights [hd]), or
+#: the whole projection (OLMo 2: weights [H hd] and [Hkv hd], normed before the split into heads)
+QK_NORM_SPANS = {"head": lambda cfg: (1, 1), "all": lambda cfg: (cfg.n_heads, cfg.n_kv_heads)}
 #: TransformerConfig.ffn_act -> the gate's activation (transformers' `gelu_pytorch_tanh` is F.gelu's tanh form)
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
@@ -160,9 +171,10 @@ class Attention(nn.Module):
         self.cfg = cfg
         self.wqkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.hd, bias=cfg.qkv_bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.hd, cfg.dim, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.hd, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.hd, cfg.norm_eps)
+        if cfg.qk_norm:  # before RoPE: per head, or over q's and k's whole rows (`cfg.qk_norm_span`)
+            q_heads, k_heads = QK_NORM_SPANS[cfg.qk_norm_span](cfg)
+            self.q_norm = RMSNorm(q_heads * cfg.hd, cfg.norm_eps)
+            self.k_norm = RMSNorm(k_heads * cfg.hd, cfg.norm_eps)
 
     def forward(
         self,
@@ -181,10 +193,14 @@ class Attention(nn.Module):
         launch: Block.deferred)."""
         b, s, _ = projected.shape
         h, hkv, hd = self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.hd
-        if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:  # one native call
+        # one native call, which norms no q or k (per head or whole: either has qk_norm)
+        if isinstance(mask, NativePlan) and mask.slots is not None and not self.cfg.qk_norm:
             return self.wo(native_self_attention(projected, rot, *cache.layers[layer], mask))  # (attention.py)
+        if self.cfg.qk_norm_span == "all":  # OLMo 2: q's rows [B, S, H hd] and k's [B, S, Hkv hd] normed whole
+            q, k, v = projected.split([h * hd, hkv * hd, hkv * hd], -1)
+            projected = torch.cat([self.q_norm(q), self.k_norm(k), v], -1)  # [B, S, (H + 2 Hkv) hd]
         qkv = projected.view(b, s, h + 2 * hkv, hd).transpose(1, 2)  # [B, H + 2 Hkv, S, hd]
-        if self.cfg.qk_norm:
+        if self.cfg.qk_norm and self.cfg.qk_norm_span == "head":
             qkv = torch.cat([self.q_norm(qkv[:, :h]), self.k_norm(qkv[:, h : h + hkv]), qkv[:, h + hkv :]], 1)
         # q [B, H, S, hd] rotated; k, v [B, Hkv, S, hd] (no cache) or the cache's visible [B, Hkv, T, hd] after writing
         q, k, v = rot.split(qkv, h) if cache is None else cache.store(layer, qkv, rot, h)
@@ -256,16 +272,19 @@ class FeedForward(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm block: self-attention, optional cross-attention, SwiGLU; with `cfg.sandwich_norms` (Gemma) each
-    sublayer's output is normed again before its residual add (attention_out_norm, ffn_out_norm; else identities)."""
+    sublayer's output is normed again before its residual add (attention_out_norm, ffn_out_norm; else identities);
+    without `cfg.pre_norms` (OLMo 2) the sublayers read the residual stream unnormed (attention_norm, ffn_norm:
+    identities)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        pre_norm = (lambda: RMSNorm(cfg.dim, cfg.norm_eps)) if cfg.pre_norms else nn.Identity  # no parameters
+        self.attention_norm = pre_norm()
         self.attention = Attention(cfg)
         if cfg.cross_dim:
             self.cross_norm = RMSNorm(cfg.dim, cfg.norm_eps)
             self.cross_attention = CrossAttention(cfg.dim, cfg.cross_dim, cfg.n_heads, cfg.hd)
-        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn_norm = pre_norm()
         self.feed_forward = FeedForward(cfg)
         out_norm = (lambda: RMSNorm(cfg.dim, cfg.norm_eps)) if cfg.sandwich_norms else nn.Identity  # no parameters
         self.attention_out_norm, self.ffn_out_norm = out_norm(), out_norm()
@@ -273,7 +292,7 @@ class Block(nn.Module):
     def forward(self, x, rot, layer, cache, mask, causal, cross_kv):
         if kind := native_block.usable(self, x, mask, cross_kv):  # the same kernels without the module calls, bitwise
             return native_block.forward(self, kind, x, rot, layer, cache, mask, cross_kv)
-        if deferrable(self.attention.cfg, x, self.ffn_norm.weight):  # each add and the next norm in one pass, bitwise
+        if deferrable(self.attention.cfg, x, self.ffn_norm):  # each add and the next norm in one pass, bitwise
             x, f = self.deferred(x, None, rot, layer, cache, mask, causal, cross_kv)
             return x + f
         x = x + self.attention_out_norm(self.attention(self.attention_norm(x), rot, layer, cache, mask, causal))
@@ -294,10 +313,11 @@ class Block(nn.Module):
         return normed_into(x, a, self.ffn_norm, self.feed_forward)
 
 
-def deferrable(cfg: TransformerConfig, x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a block's residual adds run inside the next norm's kernel (`Block.deferred`): native norms, and no
+def deferrable(cfg: TransformerConfig, x: torch.Tensor, norm: nn.Module) -> bool:
+    """Whether a block's residual adds run inside the next norm's kernel (`Block.deferred`; `norm` a block's
+    ffn_norm): native norms, pre-norms to run them in (OLMo 2's block has none: identities without a weight), and no
     sandwich norms (whose output norm sits between a sublayer and its add)."""
-    return not cfg.sandwich_norms and native_norms(x, weight)
+    return cfg.pre_norms and not cfg.sandwich_norms and native_norms(x, norm.weight)
 
 
 def normed_into(x: torch.Tensor, f: torch.Tensor | None, norm: RMSNorm, consumer: nn.Module

@@ -321,6 +321,8 @@ def raw_llama(**over) -> dict:
      "rope_type"),
     (dict(architectures=["Gemma3ForCausalLM"], sliding_window=None), "sliding_window"),
     (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
+    *[(dict(architectures=["Olmo2ForCausalLM"], **{key: value}), key)
+      for key, value in (("attention_bias", True), ("hidden_act", "gelu"))],
     (dict(architectures=["Qwen2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
     (dict(architectures=["SmolLM3ForCausalLM"], attention_bias=True), "attention_bias"),
     (dict(architectures=["SmolLM3ForCausalLM"], mlp_bias=True), "mlp_bias"),
@@ -688,13 +690,14 @@ def test_a_gemma3_config_without_its_keys_takes_transformers_class_defaults():
     assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and cfg.sandwich_norms and cfg.qk_norm
 
 
-@pytest.mark.parametrize("make", ["gemma3", "gemma2"])
-def test_gemmas_in_bfloat16_are_as_close_to_float32_as_transformers_bfloat16(make, tmp_path):
+@pytest.mark.parametrize("make", ["gemma3", "gemma2", "olmo2"])
+def test_sandwich_blocks_in_bfloat16_are_as_close_to_float32_as_transformers_bfloat16(make, tmp_path):
     """The folded offsets (1 + w rounded to bfloat16 once, at load) and Llama's norm formula (normed x rounded before
-    the weight) round differently from transformers' float32 (1 + w) product; in bfloat16 specgen's logits stay as
-    near the float32 ones as transformers' own bfloat16 logits (measured: Gemma 3 0.15-0.19 against 0.16-0.17 of
-    logits up to 8; Gemma 2, its capped scores on the CPU's chunked path, 0.14 against 0.10 of logits capped at 3)."""
-    theirs = {"gemma3": gemma3_model, "gemma2": gemma2_model}[make]()
+    the weight) round differently from transformers' float32 (1 + w) product, and from OLMo 2's norm (the weight
+    times the float32 normed x, rounded after); in bfloat16 specgen's logits stay as near the float32 ones as
+    transformers' own bfloat16 logits (measured: Gemma 3 0.15-0.19 against 0.16-0.17 of logits up to 8; Gemma 2, its
+    capped scores on the CPU's chunked path, 0.14 against 0.10 of logits capped at 3; OLMo 2 0.24 against 0.18 of logits up to 7)."""
+    theirs = {"gemma3": gemma3_model, "gemma2": gemma2_model, "olmo2": olmo2_model}[make]()
     theirs.save_pretrained(tmp_path)
     ours, x = load(tmp_path), tokens(100)
     exact = logits(theirs, x)
@@ -809,3 +812,108 @@ def test_a_legacy_gemma2_config_reads_the_same(tmp_path):
     assert (uncapped_cfg.attn_softcap, uncapped_cfg.logit_softcap) == (0.0, 0.0)
     marked = hf_config({**raw, "layer_types": ["full_attention"] * 4 + ["sliding_attention"]})
     assert marked.local_layers == (4,)
+
+
+# OLMo 2 over 3 layers, SHAPE's grouped heads (4 query heads over 2 key/value heads), untied (its class default)
+OLMO2 = dict(num_hidden_layers=3, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+OLMO2_CASES = {"olmo2": {}, "olmo2-head-dim": dict(head_dim=16),  # heads of 16, not hidden / heads = 8
+               "olmo2-tied": dict(tie_word_embeddings=True)}
+
+
+def olmo2_model(**over):
+    """A random tiny transformers Olmo2ForCausalLM: `hf_model`'s, its norms' weights around 1."""
+    return hf_model("Olmo2ForCausalLM", **{**OLMO2, **over})
+
+
+class PerHeadNorm(torch.nn.Module):
+    """A whole-span q or k norm's weights [heads hd] over each head's rows normed alone (Qwen3's span): x [..., heads
+    hd] -> [..., heads hd]."""
+
+    def __init__(self, norm, hd: int) -> None:
+        super().__init__()
+        self.weight, self.eps, self.hd = norm.weight, norm.eps, hd
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = torch.nn.functional.rms_norm(x.unflatten(-1, (-1, self.hd)), (self.hd,), eps=self.eps)
+        return self.weight * heads.flatten(-2)
+
+
+def olmo2_controls(ours: Transformer) -> dict[str, Transformer]:
+    """The loaded model with one OLMo 2 detail undone each: its q/k norms per head (the same weights), pre-norms added
+    (each sublayer's output norm's weights also before it), its norms before the sublayers instead of after (Llama's
+    places), its output norms removed."""
+    cfg, state = ours.cfg, ours.state_dict()
+    pre = {k.replace("attention_out_norm", "attention_norm").replace("ffn_out_norm", "ffn_norm"): v
+           for k, v in state.items() if "out_norm" in k}
+    moved = {k: v for k, v in state.items() if "out_norm" not in k} | pre
+    wrong = {"per_head": (cfg, state), "pre_norms_added": (dataclasses.replace(cfg, pre_norms=True), state | pre),
+             "norms_before": (dataclasses.replace(cfg, pre_norms=True, sandwich_norms=False), moved),
+             "no_out_norms": (cfg, state)}
+    out = {}
+    for name, (c, s) in wrong.items():
+        out[name] = Transformer(c).eval()
+        out[name].load_state_dict(s)
+    for blk in out["per_head"].layers:
+        blk.attention.q_norm = PerHeadNorm(blk.attention.q_norm, cfg.hd)
+        blk.attention.k_norm = PerHeadNorm(blk.attention.k_norm, cfg.hd)
+    for blk in out["no_out_norms"].layers:
+        blk.attention_out_norm, blk.ffn_out_norm = torch.nn.Identity(), torch.nn.Identity()
+    return out
+
+
+@pytest.mark.parametrize("case", OLMO2_CASES)
+def test_olmo2_logits_equal_transformers(case, tmp_path):
+    """OLMo 2 loads exactly: no norm before the sublayers, each sublayer's output normed before its residual add, q's
+    and k's norms over their whole projections before the split into heads and RoPE, SwiGLU; uncached, through a
+    cache, and from the hf row's export (transformers' Olmo2ForCausalLM). Controls: each detail undone is visibly
+    wrong."""
+    theirs = olmo2_model(**OLMO2_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg = ours.cfg
+    assert (cfg.pre_norms, cfg.sandwich_norms, cfg.qk_norm, cfg.qk_norm_span, cfg.ffn_act) == (
+        False, True, True, "all", "silu")
+    assert cfg.hd == (16 if case == "olmo2-head-dim" else 8) and cfg.tie_embeddings == (case == "olmo2-tied")
+    assert ours.layers[0].attention.q_norm.weight.shape == (4 * cfg.hd,)  # whole: [H hd], k's [Hkv hd]
+    assert ours.layers[0].attention.k_norm.weight.shape == (2 * cfg.hd,)
+    x = tokens(60)
+    assert_exact_and_exported(ours, theirs, x, "Olmo2ForCausalLM")
+    for name, wrong in olmo2_controls(ours).items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_an_olmo2_config_without_its_keys_takes_transformers_class_defaults():
+    """OLMo 2's class defaults: one key/value head per query head, RoPE base 1e4, an untied head, a 2048 context,
+    norm epsilon 1e-5 (Llama's 1e-6 elsewhere), SwiGLU."""
+    raw = {k: v for k, v in SHAPE.items()
+           if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
+    theirs = transformers.Olmo2Config(**raw)
+    cfg = hf_config({**raw, "architectures": ["Olmo2ForCausalLM"]})
+    assert (cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len, cfg.norm_eps) == (
+        theirs.num_key_value_heads, theirs.tie_word_embeddings, theirs.max_position_embeddings,
+        theirs.rms_norm_eps) == (4, False, 2048, 1e-5)
+    assert cfg.rope_theta == theirs.rope_parameters["rope_theta"] == 1e4 and theirs.hidden_act == "silu"
+
+
+@pytest.mark.parametrize("over,says", [
+    (dict(qk_norm_span="all"), "qk_norm_span 'all'"),  # whole-span norms without q/k norms
+    (dict(qk_norm=True, qk_norm_span="rows"), "qk_norm_span 'rows'"),
+    (dict(pre_norms=False), "needs sandwich_norms"),  # a block that would norm nothing
+])
+def test_an_olmo2_field_combination_that_builds_no_block_is_one_line(over, says):
+    from tests.conftest import tiny_config
+
+    with pytest.raises(ValueError, match=says) as err:
+        tiny_config(**over)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("over,says", [(dict(embed_scale=2.0), "as OLMo 2"), (dict(ffn_act="gelu_tanh"), "as OLMo 2"),
+                                       (dict(pre_norms=True), "no pre-norms")])
+def test_a_block_that_olmo2_cannot_express_is_not_exported(over, says):
+    """to_hf builds Olmo2ForCausalLM for a block without pre-norms only with the rest of OLMo 2's block, and refuses
+    whole-span q/k norms in a block with pre-norms (no class of transformers' has that block)."""
+    from tests.conftest import OLMO2 as TINY_OLMO2, tiny_model
+
+    with pytest.raises(ValueError, match=says):
+        to_hf(tiny_model(0, **{**TINY_OLMO2, **over}))
