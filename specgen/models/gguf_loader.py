@@ -14,7 +14,7 @@ from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, fo
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
-                "gemma": "half", "gemma2": "half", "gemma3": "half"}
+                "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -145,9 +145,20 @@ def gemma_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     return {"ffn_act": "gelu_tanh", "embed_scale": dim**0.5}
 
 
+def olmo2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields an olmo2 GGUF adds to Llama's, as llama.cpp builds the model: no norm before the
+    sublayers, each output normed before its add (post_attention_norm, post_ffw_norm), q's and k's norms over their
+    whole projections (attn_q_norm [dim], attn_k_norm [Hkv hd]), NEOX RoPE (GGUF_LAYOUTS). A sliding window makes
+    llama.cpp slide some layers (OLMo 3's), which is refused."""
+    if gguf_field(reader, "olmo2.attention.sliding_window") is not None:
+        raise UsageError(f"GGUF file {source} sets olmo2.attention.sliding_window: llama.cpp's olmo2 then slides "
+                         "some layers (an OLMo 3 model), which specgen's GGUF loader does not map")
+    return {"pre_norms": False, "sandwich_norms": True, "qk_norm_span": "all"}
+
+
 #: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's; None: as stored)
 GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma2": (gemma2_fields, gemma2_fold),
-               "gemma3": (gemma3_fields, gemma3_fold)}
+               "gemma3": (gemma3_fields, gemma3_fold), "olmo2": (olmo2_fields, None)}
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:
@@ -209,7 +220,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             rope_layout=GGUF_LAYOUTS[arch],
             max_seq_len=min(capped_context(context, scaling), window if window and not slides else MAX_CONTEXT),
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k
+            qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k (olmo2: whole)
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
             nope_layers=tuple(i for i in range(n_layers) if (i + 1) % step == 0) if step else (),
             **(extra | slides),

@@ -20,7 +20,7 @@ from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
 from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model, gemma2_model,
-                                          gemma3_model, hf_model, logits, tokens)
+                                          gemma3_model, hf_model, logits, olmo2_model, tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -520,3 +520,40 @@ def test_a_gguf_without_a_tokenizer_is_one_line_naming_it(tmp_path):
         logging.getLogger("transformers").removeHandler(handler)
     assert [r.getMessage() for r in said] == []
     assert not (registry.checkpoints_dir() / "target" / "bare").exists()
+
+
+def olmo2_gguf(tmp_path, **keys) -> tuple:
+    """A transformers OLMo 2 and its olmo2 GGUF as llama.cpp's converter writes it: the tensors as stored (NEOX RoPE:
+    q and k keep their halves), the output norms as post_attention_norm and post_ffw_norm, the whole-span q/k norms as
+    attn_q_norm [dim] and attn_k_norm [Hkv hd] (`keys`: more metadata)."""
+    theirs = olmo2_model()
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    write_gguf(tmp_path / "o.gguf", loaded.cfg, loaded.state, arch="olmo2", **keys)
+    return theirs, tmp_path / "o.gguf"
+
+
+def test_an_olmo2_gguf_decodes_as_transformers_olmo2(tmp_path):
+    """An olmo2 GGUF loads as its HF folder does (no pre-norms, sandwich norms, whole-span q/k norms, rotate-half
+    RoPE, untied) and gives transformers' logits, uncached and through a cache, and so does the hf row's export of it.
+    Control: the interleaved layout (llama's RoPE pairs) differs."""
+    theirs, path = olmo2_gguf(tmp_path)
+    loaded = load_gguf(path)
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state) == ([], [])
+    assert dataclasses.replace(loaded.cfg, norm_eps=1e-6) == load_hf_folder(tmp_path / "hf").cfg
+    x = tokens(60)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    wrong = Transformer(dataclasses.replace(loaded.cfg, rope_layout="interleaved")).eval()
+    wrong.load_state_dict(loaded.state)
+    assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)
+
+
+def test_an_olmo2_gguf_with_a_sliding_window_is_refused_in_one_line(tmp_path):
+    """llama.cpp's olmo2 slides some layers where the file sets a window (OLMo 3's): refused, naming the key."""
+    _, path = olmo2_gguf(tmp_path, sliding_window=16)
+    with pytest.raises(UsageError, match="^GGUF file o.gguf sets olmo2.attention.sliding_window: .*OLMo 3") as err:
+        load_gguf(path)
+    assert "\n" not in str(err.value)
