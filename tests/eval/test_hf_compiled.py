@@ -15,7 +15,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from tests.cli.test_cli_bench_prompts import BENCH
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
-from tests.conftest import GEMMA2, tiny_model, unwindowed
+from tests.conftest import GEMMA2, OLMO2, tiny_model, unwindowed
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -45,6 +45,22 @@ def test_the_hf_rows_of_a_gemma2_target_decode_what_ar_decodes():
     assert rows(GEMMA2) == [list(ar)] * 3
     for other in ({**GEMMA2, "attn_softcap": 0.0}, unwindowed(GEMMA2)):
         assert all(got != list(ar) for got in rows(other))
+
+
+def test_the_hf_rows_of_an_olmo2_target_decode_what_ar_decodes():
+    """An OLMo 2 target (no pre-norms, sandwich norms, q/k norms over whole projections) exports as transformers'
+    Olmo2ForCausalLM, whose `hf`, `hf-lookup` and `hf-compiled` (uncompiled here) rows decode AR's tokens. Control:
+    AR of the same weights with per-head q/k norms decodes other tokens (the whole span shows in what they match)."""
+    model = tiny_model(0, **OLMO2)
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 30, SamplingParams()).results[0].tokens
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == "Olmo2ForCausalLM"
+    got = [timed_static_greedy(hf, one_token, PROMPT, 30)[0], generate_padded(hf, [PROMPT], 30)[0][0],
+           generate_padded(hf, [PROMPT], 30, prompt_lookup_num_tokens=10)[0][0]]
+    assert got == [list(ar)] * 3
+    other = tiny_model(0, **{**OLMO2, "qk_norm_span": "head"})
+    assert run_batch(ModelTarget(other), lambda i: EmptyDrafter(), [PROMPT], 30,
+                     SamplingParams()).results[0].tokens != ar
 
 
 def test_a_reused_static_cache_decodes_each_prompt_as_a_fresh_one():

@@ -20,7 +20,8 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import GEMMA, GEMMA1, GEMMA2, LOSSLESS_TEXT, SLIDING, method_drafter, tiny_model, unwindowed
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_TEXT, OLMO2, SLIDING, method_drafter, tiny_model,
+                            unwindowed)
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -160,6 +161,9 @@ TARGETS = {
     # Gemma 2: Gemma 3's block without q/k norms, scores capped, layer 0 sliding (40 tokens: past its window of 6);
     # the cap, the window and the scale each change the tokens (the logit cap, monotone, cannot under greedy)
     "gemma2": (GEMMA2, 40, [{**GEMMA2, "attn_softcap": 0.0}, unwindowed(GEMMA2), {**GEMMA2, "embed_scale": 1.0}]),
+    # OLMo 2: no pre-norms (no fused residual norms), sandwich norms, q and k normed over their whole projections;
+    # per-head q/k norms and added pre-norms each change the tokens
+    "olmo2": (OLMO2, 24, [{**OLMO2, "qk_norm_span": "head"}, {**OLMO2, "pre_norms": True}]),
     # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
     **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
 }
