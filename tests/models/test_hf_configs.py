@@ -696,7 +696,8 @@ def test_sandwich_blocks_in_bfloat16_are_as_close_to_float32_as_transformers_bfl
     the weight) round differently from transformers' float32 (1 + w) product, and from OLMo 2's norm (the weight
     times the float32 normed x, rounded after); in bfloat16 specgen's logits stay as near the float32 ones as
     transformers' own bfloat16 logits (measured: Gemma 3 0.15-0.19 against 0.16-0.17 of logits up to 8; Gemma 2, its
-    capped scores on the CPU's chunked path, 0.14 against 0.10 of logits capped at 3; OLMo 2 0.24 against 0.18 of logits up to 7)."""
+    capped scores on the CPU's chunked path, 0.14 against 0.10 of logits capped at 3; OLMo 2 0.24 against 0.18 of
+    logits up to 7)."""
     theirs = {"gemma3": gemma3_model, "gemma2": gemma2_model, "olmo2": olmo2_model}[make]()
     theirs.save_pretrained(tmp_path)
     ours, x = load(tmp_path), tokens(100)
