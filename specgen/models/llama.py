@@ -25,7 +25,7 @@ HF_ARCHITECTURES = {
     "MistralForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 8},
     "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32},
     "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128},
-    "Phi3ForCausalLM": {"max_position_embeddings": 4096},  # Phi-3, Phi-4: Llama's math over fused products
+    "Phi3ForCausalLM": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5},  # Phi-3, Phi-4: fused products
     "SmolLM3ForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "rope_theta": 2000000.0,
                            "tie_word_embeddings": True},  # Llama's math, some layers without RoPE (nope_layers)
     "GemmaForCausalLM": {"max_position_embeddings": 8192, "num_key_value_heads": 16, "head_dim": 256,

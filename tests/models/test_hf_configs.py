@@ -17,7 +17,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import CheckpointError, ContextOverflowError, UsageError
 from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
-from specgen.models.llama import hf_config, load_hf_folder
+from specgen.models.llama import HF_ARCHITECTURES, hf_config, load_hf_folder
 from specgen.models.transformer import Transformer
 
 transformers = pytest.importorskip("transformers")
@@ -646,6 +646,17 @@ def test_gemma1_logits_equal_transformers(case, tmp_path):
         wrong = Transformer(c).eval()
         wrong.load_state_dict(s)
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch", HF_ARCHITECTURES)
+def test_a_config_without_an_epsilon_takes_its_classes_default(arch):
+    """Every supported class's `rms_norm_eps` default (Phi-3's and OLMo 2's 1e-5, not 1e-6: a Phi-3 config without
+    the key read 1e-6), over the architecture table itself."""
+    raw = {**SHAPE, "architectures": [arch]}
+    raw.pop("rms_norm_eps", None)
+    cls = getattr(transformers, {"Gemma3ForCausalLM": "Gemma3TextConfig"}.get(arch, arch.replace("ForCausalLM",
+                                                                                                  "Config")))
+    assert hf_config(raw).norm_eps == cls().rms_norm_eps
 
 
 def test_a_gemma1_config_without_its_keys_takes_transformers_class_defaults():
