@@ -129,6 +129,9 @@ GEMMA2 = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, loc
 # OLMo 2's block over tiny_config's shape: no norm before its sublayers, each output normed before its add, q and k
 # normed over their whole projections ([H hd], [Hkv hd]), SwiGLU, untied (its class default)
 OLMO2 = dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_span="all", tie_embeddings=False)
+# Granite over tiny_config's shape: Llama's block with its embeddings times 4 and its logits divided by 2 (its attention
+# and residual multipliers are folded into the weights at load, so a random model needs only these two fields), tied
+GRANITE = dict(embed_scale=4.0, logit_scale=2.0)
 # sliding-window targets over tiny_config's shape, decoded well past their window: Gemma 3's block with its local
 # layer 0 sliding over 6 positions, and Mistral's kind (Llama's block, every layer sliding over 5)
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}

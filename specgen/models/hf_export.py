@@ -1,5 +1,5 @@
-"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2) of a
-specgen Transformer's weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2,
+Granite) of a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,33 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
 
 def gemma_block(cfg) -> bool:
     """Whether `to_hf` exports the config as a Gemma (1 or 3): its gate, embedding scale or local RoPE are theirs; its
-    block has pre-norms (OLMo 2's sandwich norms without them: `olmo2`)."""
-    return cfg.pre_norms and (cfg.sandwich_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1
-                              or bool(cfg.local_rope_theta))
+    block has pre-norms (OLMo 2's sandwich norms without them: `olmo2`) and is not Llama's with scales
+    (`granite_block`)."""
+    return cfg.pre_norms and not granite_block(cfg) and (cfg.sandwich_norms or cfg.ffn_act != "silu"
+                                                         or cfg.embed_scale != 1 or bool(cfg.local_rope_theta))
+
+
+def granite_block(cfg) -> bool:
+    """Whether `to_hf` exports the config as Granite: Llama's block (pre-norms only, SwiGLU, one RoPE base) with an
+    embedding scale or a logit divisor (a Gemma 1's sqrt(dim) scale comes with its GeGLU gate)."""
+    return (cfg.pre_norms and not cfg.sandwich_norms and cfg.ffn_act == "silu" and not cfg.local_rope_theta
+            and (cfg.embed_scale != 1 or cfg.logit_scale != 1))
+
+
+def granite(cfg, common: dict):
+    """transformers' GraniteForCausalLM of Llama's block with `cfg.embed_scale` as embedding_multiplier and
+    `cfg.logit_scale` as logits_scaling; its attention and residual multipliers are in the weights (the loader's fold,
+    kept), so exported as the kernels' 1/sqrt(head_dim) and 1. A config Granite cannot express is a ValueError."""
+    from transformers import GraniteConfig, GraniteForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    if (cfg.qk_norm or cfg.qkv_bias or cfg.window or cfg.nope_layers or cfg.rope_dim or cfg.attn_softcap
+            or cfg.logit_softcap):
+        raise ValueError("to_hf exports an embedding scale or logit divisor with a SwiGLU gate as Granite, whose "
+                         "block has no q/k norms or q/k/v-only biases, window, NoPE layers, partial RoPE or caps")
+    return GraniteForCausalLM(GraniteConfig(
+        **common, embedding_multiplier=cfg.embed_scale, logits_scaling=cfg.logit_scale,
+        attention_multiplier=cfg.hd**-0.5, residual_multiplier=1.0, attention_bias=False, mlp_bias=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
 def olmo2(cfg, common: dict):
@@ -183,8 +207,12 @@ def to_hf(model: Transformer):
         raise ValueError("to_hf exports softcaps as Gemma 2 or Gemma 3, whose blocks have sandwich norms")
     if cfg.qk_norm_span != "head" and cfg.pre_norms:  # (no loader builds one)
         raise ValueError("to_hf exports q/k norms over whole projections as OLMo 2, whose block has no pre-norms")
+    if cfg.logit_scale != 1 and not granite_block(cfg):  # only Granite's class divides the logits
+        raise ValueError("to_hf exports a logit divisor as Granite, whose block is Llama's (pre-norms only, SwiGLU)")
     if not cfg.pre_norms:
         hf = olmo2(cfg, common)
+    elif granite_block(cfg):
+        hf = granite(cfg, common)
     elif cfg.sandwich_norms:
         hf = gemma3(cfg, common) if cfg.qk_norm else gemma2(cfg, common)
     elif gemma_block(cfg):

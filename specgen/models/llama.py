@@ -36,6 +36,8 @@ HF_ARCHITECTURES = {
                           "rope_theta": 1000000.0, "tie_word_embeddings": True},  # Gemma 3 text (270M, 1B)
     # OLMo 2 (1B, 7B, 13B, 32B): one key/value head per query head where unset, its own norm epsilon
     "Olmo2ForCausalLM": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5},
+    # Granite 3.x dense (2B, 8B): Llama's block and class defaults, four multipliers (granite_fields, granite_fold)
+    "GraniteForCausalLM": {"max_position_embeddings": 2048},
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
 # FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
@@ -64,7 +66,7 @@ SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalL
             "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention"),
-            "Olmo2ForCausalLM": ("attention_bias",)}
+            "Olmo2ForCausalLM": ("attention_bias",), "GraniteForCausalLM": ("attention_bias", "mlp_bias")}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
            # (Gemma 3's: its transformers class keeps the key but caps no score; the config says another model)
            "attn_logit_softcapping": "transformers' Gemma3ForCausalLM ignores this cap, which its config sets: which "
@@ -476,8 +478,25 @@ def gemma_fields(raw: dict) -> tuple[dict, dict]:
     return raw, {"embed_scale": raw["hidden_size"] ** 0.5}
 
 
+GRANITE_KEYS = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+
+
+def granite_multipliers(raw: dict) -> dict[str, float]:
+    """A Granite config's four multipliers (GraniteConfig's keys, class defaults 1), each a positive number."""
+    return {key: positive_number(key, raw.get(key, 1.0)) for key in GRANITE_KEYS}
+
+
+def granite_fields(raw: dict) -> tuple[dict, dict]:
+    """A Granite config as hf_config reads it: Llama's keys, and the fields its multipliers add where no weight can
+    hold them: the embedding's (embed_scale; a tied embedding is also the head) and the logits' divisor
+    (logit_scale). Its attention and residual multipliers: FOLDS."""
+    m = granite_multipliers(raw)
+    return raw, {"embed_scale": m["embedding_multiplier"], "logit_scale": m["logits_scaling"]}
+
+
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
-FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields}
+FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields,
+          "GraniteForCausalLM": granite_fields}
 
 
 def gemma_norms(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -513,9 +532,33 @@ def gemma2_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tenso
     return fold
 
 
+def granite_scales(cfg: TransformerConfig, attention: float, residual: float, names: tuple[str, str, str]
+                   ) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """Granite's attention and residual multipliers folded into the weights (an HF folder's or a GGUF's: `names`, the
+    suffixes of q's projection, the attention's output and the MLP's down projection): q's projection times
+    attention * sqrt(head_dim), so that the kernels' 1/sqrt(head_dim) scores are Granite's q.k * attention (RoPE
+    turns q linearly: the scale commutes with it); each sublayer's last projection times residual, so its output is
+    x + residual * W y = x + (residual W) y (linear, no bias: biases are refused)."""
+    q, out, down = names
+    scales = {q: attention * cfg.hd**0.5, out: residual, down: residual}
+
+    def fold(name: str, t: torch.Tensor) -> torch.Tensor:
+        scale = next((s for suffix, s in scales.items() if name.endswith(suffix)), 1.0)
+        return t if scale == 1 else t * scale
+
+    return fold
+
+
+def granite_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A Granite HF tensor as specgen's model reads it: `granite_scales` of its config's multipliers."""
+    m = granite_multipliers(raw)
+    return granite_scales(cfg, m["attention_multiplier"], m["residual_multiplier"],
+                          ("self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight"))
+
+
 #: an architecture -> how its HF tensors become specgen's (name, stored float32 tensor -> tensor)
 FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms, "Gemma2ForCausalLM": gemma2_fold,
-         "Gemma3ForCausalLM": gemma3_fold}
+         "Gemma3ForCausalLM": gemma3_fold, "GraniteForCausalLM": granite_fold}
 
 
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv

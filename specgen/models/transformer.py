@@ -57,6 +57,8 @@ class TransformerConfig:
     window: int = 0  # > 0: a local layer's query at position p sees keys at p - window + 1 .. p (0: all, as before)
     attn_softcap: float = 0.0  # > 0: Gemma 2: each scaled score s becomes cap tanh(s / cap) before the mask
     logit_softcap: float = 0.0  # > 0: Gemma 2: each logit z becomes cap tanh(z / cap) (`Transformer.logits`)
+    logit_scale: float = 1.0  # Granite's logits_scaling: each logit divided by it (`Transformer.logits`; a tied head
+    # is the embedding too, so no weight can hold it)
 
     def __post_init__(self) -> None:
         flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
@@ -93,12 +95,14 @@ class TransformerConfig:
                                  f"frequency of {self.rotary_dim} rotary dims): {str(factors)[:80]}")
 
     def check_gemma_fields(self) -> None:
-        """The fields Gemma adds: a positive embedding scale, softcaps that are positive or 0 (none), a known
-        activation, local (sliding) layers that are layers with a window or their own positive RoPE base (then not
-        NoPE ones), all in a 1D text model without cross-attention."""
+        """The fields Gemma (and Granite) add: positive embedding and logit scales, softcaps that are positive or 0
+        (none), a known activation, local (sliding) layers that are layers with a window or their own positive RoPE
+        base (then not NoPE ones), all in a 1D text model without cross-attention."""
         object.__setattr__(self, "local_layers", tuple(self.local_layers))  # a JSON list, read back: one value
         if not (type(self.embed_scale) in (int, float) and 0 < self.embed_scale < math.inf):
             raise ValueError(f"embed_scale {self.embed_scale!r} is not a positive number")
+        if not (type(self.logit_scale) in (int, float) and 0 < self.logit_scale < math.inf):
+            raise ValueError(f"logit_scale {self.logit_scale!r} is not a positive number")
         for name in ("attn_softcap", "logit_softcap"):
             if not (type(getattr(self, name)) in (int, float) and 0 <= getattr(self, name) < math.inf):
                 raise ValueError(f"{name} {getattr(self, name)!r} is not a positive number or 0 (none)")
@@ -452,9 +456,12 @@ class Transformer(nn.Module):
         return self.logits(hidden), hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head's logits [..., V] of final hidden states [..., dim]; with `cfg.logit_softcap` (Gemma 2)
-        cap tanh(z / cap) of each, in the head's dtype as transformers computes them."""
+        """The LM head's logits [..., V] of final hidden states [..., dim]: divided by `cfg.logit_scale` (Granite's
+        logits_scaling), then with `cfg.logit_softcap` (Gemma 2) cap tanh(z / cap) of each, in the head's dtype as
+        transformers computes them."""
         z = self.output(hidden)
+        if self.cfg.logit_scale != 1:  # a Python float: one rounding to the head's dtype, as transformers' division
+            z = z / self.cfg.logit_scale
         cap = self.cfg.logit_softcap
         return z if not cap else torch.tanh(z / cap) * cap
 

@@ -323,6 +323,8 @@ def raw_llama(**over) -> dict:
     (dict(architectures=["Qwen3ForCausalLM"], attention_bias=True), "attention_bias"),
     *[(dict(architectures=["Olmo2ForCausalLM"], **{key: value}), key)
       for key, value in (("attention_bias", True), ("hidden_act", "gelu"))],
+    *[(dict(architectures=["GraniteForCausalLM"], **{key: value}), key)
+      for key, value in (("attention_bias", True), ("mlp_bias", True), ("hidden_act", "gelu"))],
     (dict(architectures=["Qwen2ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
     (dict(architectures=["SmolLM3ForCausalLM"], attention_bias=True), "attention_bias"),
     (dict(architectures=["SmolLM3ForCausalLM"], mlp_bias=True), "mlp_bias"),
@@ -349,6 +351,9 @@ def test_refusals_name_the_key(over, named):
     (dict(rope_parameters={"rope_type": "default", "rope_theta": -1}), "rope_theta=-1: not a positive number"),
     (dict(num_key_value_heads=3), "num_attention_heads=4 over num_key_value_heads=3: the query heads do not share "
                                   "the key/value heads evenly"),
+    *[(dict(architectures=["GraniteForCausalLM"], **{key: value}), f"{key}={json.dumps(value)}: not a positive number")
+      for key, value in (("embedding_multiplier", 0), ("attention_multiplier", -0.1), ("residual_multiplier", None),
+                         ("logits_scaling", "8"))],
     *[(dict(architectures=["SmolLM3ForCausalLM"], no_rope_layers=marks), f"no_rope_layers={json.dumps(marks)}: not "
        "one 0 (no RoPE) or 1 (RoPE) for each of its 2 layers") for marks in ([1, 0, 1], [1], [1, 2], [True, 0], "10")],
     *[(dict(architectures=["SmolLM3ForCausalLM"], no_rope_layer_interval=interval),
@@ -929,3 +934,102 @@ def test_a_block_that_olmo2_cannot_express_is_not_exported(over, says):
 
     with pytest.raises(ValueError, match=says):
         to_hf(tiny_model(0, **{**TINY_OLMO2, **over}))
+
+
+# Granite over 3 layers, SHAPE's grouped heads, its four multipliers far from 1 (each undone shows: granite_controls)
+GRANITE = dict(num_hidden_layers=3, embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.3,
+               logits_scaling=4.0, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+GRANITE_CASES = {"granite": {}, "granite-tied": dict(tie_word_embeddings=True),  # granite-3.x's: tied
+                 "granite-head-dim": dict(head_dim=16)}  # heads of 16, not hidden / heads = 8: sqrt(16) in the fold
+
+
+def granite_model(**over):
+    """A random tiny transformers GraniteForCausalLM: `hf_model`'s, its norms' weights around 1."""
+    return hf_model("GraniteForCausalLM", **{**GRANITE, **over})
+
+
+def granite_controls(ours: Transformer, raw: dict) -> dict[str, Transformer]:
+    """The loaded model with one multiplier undone each: no embedding multiplier, the attention multiplier's fold on
+    q's rows of wqkv undone (scores scaled by 1/sqrt(head_dim)), the residual multiplier's fold on wo and w2 undone,
+    no logit divisor."""
+    cfg, state = ours.cfg, ours.state_dict()
+    q_rows = cfg.n_heads * cfg.hd
+
+    def undone(k: str, v: torch.Tensor, which: str) -> torch.Tensor:
+        if which == "attention" and k.endswith("wqkv.weight"):
+            return torch.cat([v[:q_rows] / (raw["attention_multiplier"] * cfg.hd**0.5), v[q_rows:]])
+        if which == "residual" and k.endswith(("wo.weight", "w2.weight")):
+            return v / raw["residual_multiplier"]
+        return v
+
+    wrong = {"embedding": (dataclasses.replace(cfg, embed_scale=1.0), state),
+             "logits": (dataclasses.replace(cfg, logit_scale=1.0), state),
+             **{which: (cfg, {k: undone(k, v, which) for k, v in state.items()}) for which in ("attention", "residual")}}
+    out = {}
+    for name, (c, s) in wrong.items():
+        out[name] = Transformer(c).eval()
+        out[name].load_state_dict(s)
+    return out
+
+
+@pytest.mark.parametrize("case", GRANITE_CASES)
+def test_granite_logits_equal_transformers(case, tmp_path):
+    """Granite loads exactly: Llama's block with its embeddings times embedding_multiplier, scores scaled by
+    attention_multiplier (folded into q's projection), each sublayer's output times residual_multiplier before its
+    add (folded into o_proj and down_proj), the logits divided by logits_scaling; uncached, through a cache, and from
+    the hf row's export (transformers' GraniteForCausalLM). Controls: each multiplier undone is visibly wrong."""
+    theirs = granite_model(**GRANITE_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg = ours.cfg
+    assert (cfg.embed_scale, cfg.logit_scale, cfg.ffn_act, cfg.sandwich_norms, cfg.qk_norm) == (
+        12.0, 4.0, "silu", False, False)
+    assert cfg.hd == (16 if case == "granite-head-dim" else 8) and cfg.tie_embeddings == (case == "granite-tied")
+    x = tokens(60)
+    assert_exact_and_exported(ours, theirs, x, "GraniteForCausalLM")
+    for name, wrong in granite_controls(ours, GRANITE).items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_a_granite_config_without_its_keys_takes_transformers_class_defaults(tmp_path):
+    """Granite's class defaults: every multiplier 1 (scores times 1, not 1/sqrt(head_dim): the fold scales q by
+    sqrt(head_dim)), one key/value head per query head, RoPE base 1e4, an untied head, a 2048 context, epsilon 1e-6,
+    SwiGLU; such a folder still loads exactly."""
+    raw = {k: v for k, v in SHAPE.items()
+           if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
+    theirs = transformers.GraniteConfig(**raw)
+    cfg = hf_config({**raw, "architectures": ["GraniteForCausalLM"]})
+    assert (cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len, cfg.norm_eps) == (
+        theirs.num_key_value_heads, theirs.tie_word_embeddings, theirs.max_position_embeddings,
+        theirs.rms_norm_eps) == (4, False, 2048, 1e-6)
+    assert cfg.rope_theta == theirs.rope_parameters["rope_theta"] == 1e4 and theirs.hidden_act == "silu"
+    assert (cfg.embed_scale, cfg.logit_scale) == (theirs.embedding_multiplier, theirs.logits_scaling) == (1.0, 1.0)
+    assert (theirs.attention_multiplier, theirs.residual_multiplier) == (1.0, 1.0)
+    model = hf_model("GraniteForCausalLM", pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    config = json.loads(model.config.to_json_string())
+    model.save_pretrained(tmp_path)
+    multipliers = ("embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling")
+    stripped = {k: v for k, v in config.items() if k not in multipliers}  # left to the class
+    (tmp_path / "config.json").write_text(json.dumps(stripped))
+    assert_same(load(tmp_path), model, tokens(40))
+
+
+@pytest.mark.parametrize("over,says", [(dict(qk_norm=True), "as Granite"), (dict(window=4, local_layers=(0,)),
+                                                                            "as Granite"),
+                                       (dict(logit_scale=2.0, sandwich_norms=True, ffn_act="gelu_tanh"), "as Granite")])
+def test_a_block_that_granite_cannot_express_is_not_exported(over, says):
+    """to_hf builds GraniteForCausalLM for Llama's block with an embedding scale or logit divisor only, and refuses
+    a logit divisor in any other block (no other class of transformers' divides the logits)."""
+    from tests.conftest import GRANITE as TINY_GRANITE, tiny_model
+
+    with pytest.raises(ValueError, match=says):
+        to_hf(tiny_model(0, **{**TINY_GRANITE, **over}))
+
+
+def test_a_logit_scale_that_divides_by_nothing_is_one_line():
+    from tests.conftest import tiny_config
+
+    for value in (0.0, -2.0, float("inf"), "4"):
+        with pytest.raises(ValueError, match="logit_scale .* is not a positive number") as err:
+            tiny_config(logit_scale=value)
+        assert "\n" not in str(err.value)
