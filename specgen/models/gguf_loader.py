@@ -9,12 +9,13 @@ from typing import Callable
 import torch
 
 from specgen.errors import CheckpointError, UsageError
-from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, folded, positive_number, remap,
-                                  rope_scaling, unfused)
+from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, folded, granite_scales,
+                                  positive_number, remap, rope_scaling, unfused)
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
-                "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half"}
+                "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half",
+                "granite": "interleaved"}  # granite: llama.cpp's NORM RoPE, q/k permuted by its (Llama's) converter
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -156,9 +157,42 @@ def olmo2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     return {"pre_norms": False, "sandwich_norms": True, "qk_norm_span": "all"}
 
 
-#: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's; None: as stored)
-GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma2": (gemma2_fields, gemma2_fold),
-               "gemma3": (gemma3_fields, gemma3_fold), "olmo2": (olmo2_fields, None)}
+def granite_scale(reader, key: str, source: str) -> float | None:
+    """A granite GGUF's multiplier `key` as llama.cpp reads it: absent or 0 is its default (None here; the converter
+    writes only the set ones), any other value a positive number (a negative one is refused)."""
+    value = gguf_field(reader, key)
+    return None if value in (None, 0) else positive_number(key, value, f"GGUF file {source}")
+
+
+def granite_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields a granite GGUF adds to Llama's, as llama.cpp's granite builds the model: the
+    embeddings times `granite.embedding_scale` (default 1), the logits divided by `granite.logit_scale` (required:
+    llama.cpp refuses a file without it). `granite.rope.scaling.finetuned` false turns RoPE off (llama.cpp's switch),
+    which is refused. Its attention and residual scales: granite_fold."""
+    if gguf_field(reader, "granite.logit_scale") is None:
+        raise CheckpointError(f"GGUF file {source} lacks granite.logit_scale (llama.cpp requires it)")
+    if not gguf_field(reader, "granite.rope.scaling.finetuned", True):
+        raise UsageError(f"GGUF file {source} sets granite.rope.scaling.finetuned=false: llama.cpp's granite then "
+                         "applies no RoPE, which specgen's GGUF loader does not map")
+    return {"embed_scale": granite_scale(reader, "granite.embedding_scale", source) or 1.0,
+            "logit_scale": positive_number("granite.logit_scale", gguf_field(reader, "granite.logit_scale"),
+                                           f"GGUF file {source}")}
+
+
+def granite_fold(cfg: TransformerConfig, reader, source: str) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A granite GGUF tensor as specgen's model reads it (the converter stores HF's weights unscaled): llama.py's
+    `granite_scales` of `granite.attention.scale` (absent or 0: llama.cpp's 1/sqrt(head size), no fold) and
+    `granite.residual_scale` (absent or 0: llama.cpp scales nothing)."""
+    attention = granite_scale(reader, "granite.attention.scale", source) or cfg.hd**-0.5
+    residual = granite_scale(reader, "granite.residual_scale", source) or 1.0
+    return granite_scales(cfg, attention, residual, ("attn_q.weight", "attn_output.weight", "ffn_down.weight"))
+
+
+#: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's (cfg, reader,
+#: file name -> fold); None: as stored)
+GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma2": (gemma2_fields, lambda cfg, *_: gemma2_fold(cfg)),
+               "gemma3": (gemma3_fields, lambda cfg, *_: gemma3_fold(cfg)), "olmo2": (olmo2_fields, None),
+               "granite": (granite_fields, granite_fold)}
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:
@@ -240,5 +274,5 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
 
     names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
     if fold is not None:
-        get = folded(get, fold(cfg))
+        get = folded(get, fold(cfg, reader, path.name))
     return Loaded(cfg, remap(cfg, names, get, "gguf", path.name), context)  # remap: refuses a stray tensor

@@ -19,8 +19,9 @@ from specgen.models.hf_export import to_hf
 from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
-from tests.models.test_hf_configs import (LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model, gemma2_model,
-                                          gemma3_model, hf_model, logits, olmo2_model, tokens)
+from tests.models.test_hf_configs import (GRANITE, LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model,
+                                          gemma2_model, gemma3_model, granite_model, hf_model, logits, olmo2_model,
+                                          tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -39,12 +40,11 @@ def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
 
 def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = None, arch: str = "llama",
                **keys) -> None:
-    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama` and
-    `smollm3` (its converter is Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`, `qwen3`, `phi3`,
-    `gemma3` keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up; `gemma3`'s norms are
-    specgen's 1 + w, which its converter writes); `extra` tensors (name -> float32
-    array) besides; `keys`: more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn",
-    ...; a callable writes the key its own way: `lambda w: None` leaves it out)."""
+    """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`,
+    `smollm3` and `granite` (their converters are Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`,
+    `qwen3`, `phi3`, `gemma3` keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up; `gemma3`'s
+    norms are specgen's 1 + w, which its converter writes); `extra` tensors (name -> float32 array) besides; `keys`:
+    more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...; a callable writes the key its own way: `lambda w: None` leaves it out)."""
     w = GGUFWriter(str(path), arch)
     for key, value in {**dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
                               feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
@@ -63,7 +63,7 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
             tensors[b + "attn_qkv.weight"] = torch.cat([tensors.pop(b + f"attn_{x}.weight") for x in "qkv"])
             tensors[b + "ffn_up.weight"] = torch.cat([tensors.pop(b + "ffn_gate.weight"), tensors[b + "ffn_up.weight"]])
     for name, t in tensors.items():
-        if arch in ("llama", "smollm3") and name.endswith(("attn_q.weight", "attn_k.weight")):  # halves -> pairs
+        if arch in ("llama", "smollm3", "granite") and name.endswith(("attn_q.weight", "attn_k.weight")):  # -> pairs
             heads = t.shape[0] // cfg.hd
             t = t.reshape(heads, 2, cfg.hd // 2, -1).transpose(1, 2).reshape(t.shape)
         w.add_tensor(name, t.float().numpy())
@@ -555,5 +555,70 @@ def test_an_olmo2_gguf_with_a_sliding_window_is_refused_in_one_line(tmp_path):
     """llama.cpp's olmo2 slides some layers where the file sets a window (OLMo 3's): refused, naming the key."""
     _, path = olmo2_gguf(tmp_path, sliding_window=16)
     with pytest.raises(UsageError, match="^GGUF file o.gguf sets olmo2.attention.sliding_window: .*OLMo 3") as err:
+        load_gguf(path)
+    assert "\n" not in str(err.value)
+
+
+GRANITE_GGUF_KEYS = {"embedding_scale": 12.0, "attention_scale": 0.1, "residual_scale": 0.3, "logit_scale": 4.0}
+
+
+def granite_gguf(tmp_path, tied: bool = True, **keys) -> tuple:
+    """A transformers Granite (GRANITE's multipliers) and its granite GGUF as llama.cpp's converter writes it: HF's
+    weights unscaled (the HF loader's folds undone), q and k permuted to interleaved pairs, the multipliers as
+    granite.embedding_scale, .attention.scale, .residual_scale and .logit_scale (`keys`: others, or `lambda w: None`
+    to leave one out)."""
+    theirs = granite_model(tie_word_embeddings=tied)
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, q_rows = loaded.cfg, loaded.cfg.n_heads * loaded.cfg.hd
+    attention, residual = GRANITE["attention_multiplier"] * cfg.hd**0.5, GRANITE["residual_multiplier"]
+
+    def unfolded(k: str, v: torch.Tensor) -> torch.Tensor:
+        if k.endswith("wqkv.weight"):
+            return torch.cat([v[:q_rows] / attention, v[q_rows:]])
+        return v / residual if k.endswith(("wo.weight", "w2.weight")) else v
+
+    write_gguf(tmp_path / "g.gguf", cfg, {k: unfolded(k, v) for k, v in loaded.state.items()}, arch="granite",
+               **{**GRANITE_GGUF_KEYS, **keys})
+    return theirs, tmp_path / "g.gguf"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_granite_gguf_decodes_as_transformers_granite(tied, tmp_path):
+    """A granite GGUF (llama.cpp's NORM RoPE over the converter's permuted q/k, its four scales as keys, the weights
+    unscaled) loads as its HF folder does and gives transformers' logits, uncached and through a cache, and so does
+    the hf row's export of it. Controls: each scale left out (llama.cpp's default: 1, or 1/sqrt(head size)) and the
+    rotate-half layout differ."""
+    theirs, path = granite_gguf(tmp_path, tied)
+    loaded = load_gguf(path)
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state, strict=False) == (["output.weight"] if tied else [], [])
+    assert dataclasses.replace(loaded.cfg, norm_eps=1e-6, rope_layout="half") == load_hf_folder(tmp_path / "hf").cfg
+    assert (loaded.cfg.embed_scale, loaded.cfg.logit_scale, loaded.cfg.rope_layout) == (12.0, 4.0, "interleaved")
+    x = tokens(60)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    for key in ("embedding_scale", "attention_scale", "residual_scale"):
+        _, other = granite_gguf(tmp_path / key, tied, **{key: lambda w: None})
+        wrong = load_gguf(other)
+        model = Transformer(wrong.cfg).eval()
+        model.load_state_dict(wrong.state, strict=False)
+        assert not torch.allclose(logits(model, x), logits(theirs, x), atol=1e-2), key
+    wrong = Transformer(dataclasses.replace(loaded.cfg, rope_layout="half")).eval()
+    wrong.load_state_dict(loaded.state, strict=False)
+    assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2)
+
+
+@pytest.mark.parametrize("keys,says", [
+    (dict(logit_scale=lambda w: None), "^GGUF file g.gguf lacks granite.logit_scale"),
+    (dict(rope_scaling_finetuned=False), "^GGUF file g.gguf sets granite.rope.scaling.finetuned=false"),
+    (dict(residual_scale=-0.3), "^GGUF file g.gguf sets granite.residual_scale=-0.3.*: not a positive number"),
+])
+def test_a_granite_gguf_that_llama_cpp_builds_otherwise_is_refused_in_one_line(keys, says, tmp_path):
+    """Without the logit scale llama.cpp refuses the file; with RoPE switched off (rope.scaling.finetuned false) it
+    builds a model specgen's loader does not map; a negative scale is no model's."""
+    _, path = granite_gguf(tmp_path, **keys)
+    with pytest.raises((UsageError, CheckpointError), match=says) as err:
         load_gguf(path)
     assert "\n" not in str(err.value)

@@ -964,7 +964,8 @@ def granite_controls(ours: Transformer, raw: dict) -> dict[str, Transformer]:
 
     wrong = {"embedding": (dataclasses.replace(cfg, embed_scale=1.0), state),
              "logits": (dataclasses.replace(cfg, logit_scale=1.0), state),
-             **{which: (cfg, {k: undone(k, v, which) for k, v in state.items()}) for which in ("attention", "residual")}}
+             **{which: (cfg, {k: undone(k, v, which) for k, v in state.items()})
+                for which in ("attention", "residual")}}
     out = {}
     for name, (c, s) in wrong.items():
         out[name] = Transformer(c).eval()
