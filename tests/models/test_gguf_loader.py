@@ -44,7 +44,8 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
     `smollm3` and `granite` (their converters are Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`,
     `qwen3`, `phi3`, `gemma3` keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up; `gemma3`'s
     norms are specgen's 1 + w, which its converter writes); `extra` tensors (name -> float32 array) besides; `keys`:
-    more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...; a callable writes the key its own way: `lambda w: None` leaves it out)."""
+    more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...; a callable writes the
+    key its own way: `lambda w: None` leaves it out)."""
     w = GGUFWriter(str(path), arch)
     for key, value in {**dict(block_count=cfg.n_layers, context_length=cfg.max_seq_len, embedding_length=cfg.dim,
                               feed_forward_length=cfg.ffn_dim, head_count=cfg.n_heads, head_count_kv=cfg.n_kv_heads,
