@@ -18,8 +18,8 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, OLMO2, SLIDING, method_drafter,
-                            tiny_model, unwindowed)
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_IMAGE, LOSSLESS_TEXT, OLMO2, SLIDING,
+                            method_drafter, tiny_model, unwindowed)
 
 pytestmark = pytest.mark.gpu
 
@@ -197,6 +197,9 @@ TARGETS = {
     # OLMo 2's: no pre-norms (no fused residual norms), sandwich norms, q and k normed over their whole projections
     # before the Triton rope
     "olmo2": (OLMO2, NEW),
+    # Granite's: Llama's block (fused residual norms) with its embeddings scaled and its logits divided in the captured
+    # head
+    "granite": (GRANITE, NEW),
     # local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
     # windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read)
     **{f"sliding-{kind}": (over, 40) for kind, over in SLIDING.items()},

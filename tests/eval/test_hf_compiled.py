@@ -15,7 +15,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from tests.cli.test_cli_bench_prompts import BENCH
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
-from tests.conftest import GEMMA2, OLMO2, tiny_model, unwindowed
+from tests.conftest import GEMMA2, GRANITE, OLMO2, tiny_model, unwindowed
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -61,6 +61,26 @@ def test_the_hf_rows_of_an_olmo2_target_decode_what_ar_decodes():
     other = tiny_model(0, **{**OLMO2, "qk_norm_span": "head"})
     assert run_batch(ModelTarget(other), lambda i: EmptyDrafter(), [PROMPT], 30,
                      SamplingParams()).results[0].tokens != ar
+
+
+def test_the_hf_rows_of_a_granite_target_decode_what_ar_decodes():
+    """A Granite target (embeddings scaled, logits divided) exports as transformers' GraniteForCausalLM, whose logits
+    are the target's (the divisor included) and whose `hf`, `hf-lookup` and `hf-compiled` (uncompiled here) rows
+    decode AR's tokens. Control: the export with its embedding multiplier reset to 1 decodes others."""
+    def rows(hf) -> list[list[int]]:
+        return [timed_static_greedy(hf, one_token, PROMPT, 30)[0], generate_padded(hf, [PROMPT], 30)[0][0],
+                generate_padded(hf, [PROMPT], 30, prompt_lookup_num_tokens=10)[0][0]]
+
+    model = tiny_model(0, **GRANITE).eval()
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 30, SamplingParams()).results[0].tokens
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == "GraniteForCausalLM"
+    x = torch.tensor([PROMPT])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, model(x, torch.arange(len(PROMPT))[None])[0], atol=1e-4, rtol=1e-4)
+    assert rows(hf) == [list(ar)] * 3
+    hf.model.embedding_multiplier = 1.0
+    assert all(got != list(ar) for got in rows(hf))
 
 
 def test_a_reused_static_cache_decodes_each_prompt_as_a_fresh_one():

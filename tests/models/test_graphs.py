@@ -20,8 +20,8 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_TEXT, OLMO2, SLIDING, method_drafter, tiny_model,
-                            unwindowed)
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, OLMO2, SLIDING, method_drafter,
+                            tiny_model, unwindowed)
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -164,6 +164,9 @@ TARGETS = {
     # OLMo 2: no pre-norms (no fused residual norms), sandwich norms, q and k normed over their whole projections;
     # per-head q/k norms and added pre-norms each change the tokens
     "olmo2": (OLMO2, 24, [{**OLMO2, "qk_norm_span": "head"}, {**OLMO2, "pre_norms": True}]),
+    # Granite: Llama's block with its embeddings scaled and its logits divided (its other multipliers are weights);
+    # the embedding scale changes the tokens (the divisor, monotone, cannot under greedy)
+    "granite": (GRANITE, 24, [{**GRANITE, "embed_scale": 1.0}]),
     # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
     **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
 }
