@@ -33,9 +33,9 @@ def chunked(q, k, v, vis, cap):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_capped_model_attends_chunked_on_a_cpu_and_natively_on_cuda(dtype):
-    """attention.c has no cap (the C kernels stay frozen): a capped plan on a CPU is the chunked one, in grad mode as
-    without it; the list kernel takes the cap where Triton runs (CUDA)."""
+def test_a_capped_model_attends_chunked_on_a_cpu(dtype):
+    """attention.c has no cap (the C kernels stay frozen): a capped plan on a CPU is the chunked one (its plan carries
+    the cap), in grad mode the path it would take without one; the C op refuses a cap it cannot apply."""
     with torch.inference_mode():
         assert attention_path(dtype, "cpu", CAP) == "chunked"
         assert isinstance(plan(None, 1, 1, 5, 4, 2, 16, "cpu", dtype, softcap=CAP), AttentionPlan)
@@ -49,8 +49,9 @@ def test_a_capped_model_attends_chunked_on_a_cpu_and_natively_on_cuda(dtype):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_every_path_caps_scores_as_transformers(dtype, tol):
-    """The chunked plan (AR steps and chains), the dense form in SDPA's place (prompts, training) and the tree path
-    give transformers' capped attention; the control (no cap) is visibly off, so the comparison can fail."""
+    """The chunked plan (AR steps and chains; trees: bitwise theirs, below) and the dense form in SDPA's place
+    (prompts, training; a mask or causal) give transformers' capped attention; the control (no cap) is visibly off, so
+    the comparison can fail."""
     q, k, v, vis = case(dtype=dtype)
     want = reference(q, k, v, vis, CAP)
     with torch.inference_mode():
