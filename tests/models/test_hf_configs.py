@@ -18,7 +18,7 @@ from specgen.errors import CheckpointError, ContextOverflowError, UsageError
 from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from specgen.models.llama import HF_ARCHITECTURES, hf_config, load_hf_folder
-from specgen.models.transformer import Transformer
+from specgen.models.transformer import Transformer, TransformerConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -584,6 +584,15 @@ def gemma_model(arch: str, cfg):
     return model
 
 
+def built(wrong: dict[str, tuple[TransformerConfig, dict]]) -> dict[str, Transformer]:
+    """Each control's model: name -> (its config, its state dict), built and loaded."""
+    out = {}
+    for name, (c, s) in wrong.items():
+        out[name] = Transformer(c).eval()
+        out[name].load_state_dict(s)
+    return out
+
+
 def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
     """The loaded model with one Gemma detail undone each: no norm offsets, no embedding scale, one RoPE base in
     every layer, no window (the local layers attending fully), and (where the checkpoint's query_pre_attn_scalar is
@@ -597,11 +606,7 @@ def gemma3_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
     if scale != 1:
         wrong["scalar"] = (cfg, {k: v / scale if k.endswith("q_norm.weight") else v for k, v in state.items()})
     wrong |= uncapped(cfg, state)
-    out = {}
-    for name, (c, s) in wrong.items():
-        out[name] = Transformer(c).eval()
-        out[name].load_state_dict(s)
-    return out
+    return built(wrong)
 
 
 def uncapped(cfg, state: dict) -> dict[str, tuple]:
@@ -766,11 +771,7 @@ def gemma2_controls(ours: Transformer, scalar: int) -> dict[str, Transformer]:
              "no_window": (dataclasses.replace(cfg, window=0, local_layers=()), state), **uncapped(cfg, state)}
     if scale != 1:
         wrong["scalar"] = (cfg, {k: unscaled(k, v) for k, v in state.items()})
-    out = {}
-    for name, (c, s) in wrong.items():
-        out[name] = Transformer(c).eval()
-        out[name].load_state_dict(s)
-    return out
+    return built(wrong)
 
 
 @pytest.mark.parametrize("case", GEMMA2_CASES)
@@ -966,11 +967,7 @@ def granite_controls(ours: Transformer, raw: dict) -> dict[str, Transformer]:
              "logits": (dataclasses.replace(cfg, logit_scale=1.0), state),
              **{which: (cfg, {k: undone(k, v, which) for k, v in state.items()})
                 for which in ("attention", "residual")}}
-    out = {}
-    for name, (c, s) in wrong.items():
-        out[name] = Transformer(c).eval()
-        out[name].load_state_dict(s)
-    return out
+    return built(wrong)
 
 
 @pytest.mark.parametrize("case", GRANITE_CASES)
