@@ -10,7 +10,7 @@ import torch
 
 from specgen.errors import CheckpointError, UsageError
 from specgen.models.llama import (MAX_CONTEXT, Loaded, capped_context, count, folded, granite_scales,
-                                  positive_number, remap, rope_scaling, unfused)
+                                  positive_number, remap, rope_scaling, suffix_scales, unfused)
 from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
@@ -105,12 +105,14 @@ def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
             "local_layers": tuple(i for i, slides in enumerate(local) if slides), "local_rope_theta": GEMMA3_LOCAL_THETA}
 
 
-def gemma3_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """A gemma3 GGUF tensor as specgen's model reads it: q's norm times sqrt(head size / the size llama.cpp scales
-    scores by) (1 but for a 27B), so the kernels' 1/sqrt(head size) scores are llama.cpp's."""
-    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == GEMMA3_27B_LAYERS else cfg.hd
-    scale = (cfg.hd / scalar) ** 0.5
-    return lambda name, t: t * scale if name.endswith("attn_q_norm.weight") and scale != 1 else t
+def llama_cpp_q_scale(cfg: TransformerConfig, layers_27b: int, suffix: str
+                      ) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A gemma2 or gemma3 GGUF tensor as specgen's model reads it: the tensor `suffix` names (gemma2: q's projection;
+    gemma3: q's norm) times sqrt(head size / the size llama.cpp scales scores by) (1 but for the 27B, whose layer count
+    is `layers_27b`: heads of 128 scaled by hidden / heads = 144, transformers' query_pre_attn_scalar), so the kernels'
+    1/sqrt(head size) scores are llama.cpp's (gemma2's cap takes them after)."""
+    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == layers_27b else cfg.hd
+    return suffix_scales({suffix: (cfg.hd / scalar) ** 0.5})
 
 
 def gemma2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
@@ -123,15 +125,6 @@ def gemma2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
             "local_layers": tuple(range(0, n_layers, 2)),
             "window": gguf_field(reader, "gemma2.attention.sliding_window", GEMMA2_WINDOW),  # (checked by the caller)
             "attn_softcap": caps["attn_logit_softcapping"], "logit_softcap": caps["final_logit_softcapping"]}
-
-
-def gemma2_fold(cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """A gemma2 GGUF tensor as specgen's model reads it: q's projection times sqrt(head size / the size llama.cpp
-    scales scores by) (1 but for a 27B: its heads of 128 scaled by hidden / heads = 144, transformers'
-    query_pre_attn_scalar), so the kernels' 1/sqrt(head size) scores are llama.cpp's; the cap takes them after."""
-    scalar = cfg.dim // cfg.n_heads if cfg.n_layers == GEMMA2_27B_LAYERS else cfg.hd
-    scale = (cfg.hd / scalar) ** 0.5
-    return lambda name, t: t * scale if name.endswith("attn_q.weight") and scale != 1 else t
 
 
 def window_fields(window: int | None, extra: dict) -> dict:
@@ -169,14 +162,14 @@ def granite_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     embeddings times `granite.embedding_scale` (default 1), the logits divided by `granite.logit_scale` (required:
     llama.cpp refuses a file without it). `granite.rope.scaling.finetuned` false turns RoPE off (llama.cpp's switch),
     which is refused. Its attention and residual scales: granite_fold."""
-    if gguf_field(reader, "granite.logit_scale") is None:
+    logit = gguf_field(reader, "granite.logit_scale")
+    if logit is None:
         raise CheckpointError(f"GGUF file {source} lacks granite.logit_scale (llama.cpp requires it)")
     if not gguf_field(reader, "granite.rope.scaling.finetuned", True):
         raise UsageError(f"GGUF file {source} sets granite.rope.scaling.finetuned=false: llama.cpp's granite then "
                          "applies no RoPE, which specgen's GGUF loader does not map")
     return {"embed_scale": granite_scale(reader, "granite.embedding_scale", source) or 1.0,
-            "logit_scale": positive_number("granite.logit_scale", gguf_field(reader, "granite.logit_scale"),
-                                           f"GGUF file {source}")}
+            "logit_scale": positive_number("granite.logit_scale", logit, f"GGUF file {source}")}
 
 
 def granite_fold(cfg: TransformerConfig, reader, source: str) -> Callable[[str, torch.Tensor], torch.Tensor]:
@@ -190,9 +183,11 @@ def granite_fold(cfg: TransformerConfig, reader, source: str) -> Callable[[str, 
 
 #: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's (cfg, reader,
 #: file name -> fold); None: as stored)
-GGUF_FIELDS = {"gemma": (gemma_fields, None), "gemma2": (gemma2_fields, lambda cfg, *_: gemma2_fold(cfg)),
-               "gemma3": (gemma3_fields, lambda cfg, *_: gemma3_fold(cfg)), "olmo2": (olmo2_fields, None),
-               "granite": (granite_fields, granite_fold)}
+GGUF_FIELDS = {
+    "gemma": (gemma_fields, None),
+    "gemma2": (gemma2_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA2_27B_LAYERS, "attn_q.weight")),
+    "gemma3": (gemma3_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA3_27B_LAYERS, "attn_q_norm.weight")),
+    "olmo2": (olmo2_fields, None), "granite": (granite_fields, granite_fold)}
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:

@@ -504,32 +504,28 @@ def gemma_norms(name: str, t: torch.Tensor) -> torch.Tensor:
     return 1.0 + t if name.endswith("norm.weight") else t
 
 
-def gemma3_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """A Gemma 3 HF tensor as specgen's model reads it: its norms' offsets folded (`gemma_norms`), q's norm also times
-    sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(head_dim) scores are transformers'
-    query_pre_attn_scalar^-1/2 ones (1 for 270M/1B, whose scalar is their head size). RoPE turns q linearly, so the
-    scale commutes with it."""
-    scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
-
+def suffix_scales(scales: dict[str, float]) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """A fold (name, tensor -> tensor) multiplying each tensor whose name ends with a key of `scales` by its value;
+    the others, and any scale of 1, as they are."""
     def fold(name: str, t: torch.Tensor) -> torch.Tensor:
-        t = gemma_norms(name, t)
-        return t * scale if name.endswith("q_norm.weight") and scale != 1 else t
+        scale = next((s for suffix, s in scales.items() if name.endswith(suffix)), 1.0)
+        return t if scale == 1 else t * scale
 
     return fold
 
 
-def gemma2_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
-    """A Gemma 2 HF tensor as specgen's model reads it: its norms' offsets folded (`gemma_norms`), q's projection
-    times sqrt(head_dim / query_pre_attn_scalar), so that the kernels' 1/sqrt(head_dim) scores are transformers'
-    query_pre_attn_scalar^-1/2 ones (1 for 2B and 9B, whose scalar is their head size; not for 27B: 144 over heads of
-    128). Exact: RoPE turns q linearly, and the softcap takes the score after the scale, as transformers' does."""
-    scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
+def gemma_scalar_fold(q_suffix: str) -> Callable[[dict, TransformerConfig], Callable]:
+    """Gemma 2's and 3's HF tensors as specgen's model reads them: the norms' offsets folded (`gemma_norms`), and the
+    tensor `q_suffix` names (Gemma 2: q's projection; Gemma 3: q's norm) times sqrt(head_dim / query_pre_attn_scalar),
+    so that the kernels' 1/sqrt(head_dim) scores are transformers' query_pre_attn_scalar^-1/2 ones (1 where the scalar
+    is the head size: Gemma 3 270M/1B, Gemma 2 2B/9B; not Gemma 2 27B: 144 over heads of 128). Exact: RoPE turns q
+    linearly, and Gemma 2's softcap takes the score after the scale, as transformers' does."""
+    def make(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        scale = (cfg.hd / positive_number("query_pre_attn_scalar", raw.get("query_pre_attn_scalar", 256))) ** 0.5
+        scaled = suffix_scales({q_suffix: scale})
+        return lambda name, t: scaled(name, gemma_norms(name, t))
 
-    def fold(name: str, t: torch.Tensor) -> torch.Tensor:
-        t = gemma_norms(name, t)
-        return t * scale if name.endswith("self_attn.q_proj.weight") and scale != 1 else t
-
-    return fold
+    return make
 
 
 def granite_scales(cfg: TransformerConfig, attention: float, residual: float, names: tuple[str, str, str]
@@ -540,13 +536,7 @@ def granite_scales(cfg: TransformerConfig, attention: float, residual: float, na
     turns q linearly: the scale commutes with it); each sublayer's last projection times residual, so its output is
     x + residual * W y = x + (residual W) y (linear, no bias: biases are refused)."""
     q, out, down = names
-    scales = {q: attention * cfg.hd**0.5, out: residual, down: residual}
-
-    def fold(name: str, t: torch.Tensor) -> torch.Tensor:
-        scale = next((s for suffix, s in scales.items() if name.endswith(suffix)), 1.0)
-        return t if scale == 1 else t * scale
-
-    return fold
+    return suffix_scales({q: attention * cfg.hd**0.5, out: residual, down: residual})
 
 
 def granite_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tensor], torch.Tensor]:
@@ -557,8 +547,9 @@ def granite_fold(raw: dict, cfg: TransformerConfig) -> Callable[[str, torch.Tens
 
 
 #: an architecture -> how its HF tensors become specgen's (name, stored float32 tensor -> tensor)
-FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms, "Gemma2ForCausalLM": gemma2_fold,
-         "Gemma3ForCausalLM": gemma3_fold, "GraniteForCausalLM": granite_fold}
+FOLDS = {"GemmaForCausalLM": lambda raw, cfg: gemma_norms,
+         "Gemma2ForCausalLM": gemma_scalar_fold("self_attn.q_proj.weight"),
+         "Gemma3ForCausalLM": gemma_scalar_fold("q_norm.weight"), "GraniteForCausalLM": granite_fold}
 
 
 # specgen name -> (HF name, GGUF name); "{}" names q, k and v, concatenated along dim 0 into wqkv
