@@ -148,4 +148,6 @@ def label(facts: dict, device: str | None = None) -> str:
     name = layout.layout_name()
     plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]
+    if kernel_choice.CAPPED_CHUNKED[0]:  # a Gemma 2 ran here: its capped scores take no attention.c (no cap there)
+        steps += ", softcapped attention torch chunked"
     return f"{host}, {name} layout" + (f", {plans}" if plans else "") + f", step kernels {steps}"

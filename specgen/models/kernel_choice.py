@@ -33,6 +33,7 @@ ROUNDS = 2
 #: Used when the weights to measure are gone (a copy outlived its model): the crossover of cache-resident models.
 FALLBACK_MIN_ROWS = 4
 _MEASURED: dict[tuple, Plan] = {}  # (weight signature, threads) -> plan, for this process
+CAPPED_CHUNKED = [False]  # whether this process attended a softcapped model chunked on the CPU (`attention_path`)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ def attention_path(dtype: torch.dtype, device: torch.device | str, softcap: floa
         return "sdpa"
     kind = torch.device(device).type
     if softcap and kind == "cpu" and not torch.is_grad_enabled():
+        CAPPED_CHUNKED[0] = True  # for machine labels (`machine.label`): the step kernels attention.c is not
         return "chunked"
     if not torch.is_grad_enabled() and (
             (kind == "cpu" and dtype in NATIVE_DTYPES and native.library("attention") is not None)

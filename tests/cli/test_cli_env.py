@@ -53,10 +53,13 @@ def test_env_refuses_a_missing_device_in_one_line():
     assert r.exit_code == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path):
+def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path, monkeypatch):
     from cli import benchmark_runs
     from specgen.eval.run_dir import RunDir
     from specgen.machine import VECTOR_ISA, cpuinfo, machine_facts
+    from specgen.models import kernel_choice
+
+    monkeypatch.setattr(kernel_choice, "CAPPED_CHUNKED", [False])  # no softcapped model ran (the test below)
 
     facts = machine_facts()
     cpu = facts["devices"][0]
@@ -68,6 +71,24 @@ def test_the_benchmark_machine_column_is_made_from_the_same_facts(tmp_path):
     assert machine.startswith(f"{cpu['model']}, {cpu['arch']}{isa}, {cpu['cpus']} cpus, torch threads "
                               f"{facts['threads']['torch']}")
     assert machine.endswith(f"step kernels {facts['kernels']['step_kernels']['path']}")
+
+
+def test_the_machine_column_says_a_softcapped_model_attended_chunked(monkeypatch):
+    """A Gemma 2's capped scores take no attention.c (it has no cap): the column said "step kernels native C" of a
+    run whose attention was torch's chunked path. A capped model's cached forward on the CPU now says so; an uncapped
+    one (the control) leaves the column as it was."""
+    import torch
+
+    from specgen.machine import label, machine_facts
+    from specgen.models import kernel_choice
+    from tests.conftest import GEMMA2, tiny_model
+
+    monkeypatch.setattr(kernel_choice, "CAPPED_CHUNKED", [False])
+    for over, said in (({}, False), (GEMMA2, True)):
+        model = tiny_model(0, **over)
+        with torch.inference_mode():
+            model(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], model.new_cache())
+        assert label(machine_facts()).endswith(", softcapped attention torch chunked") is said, over
 
 
 def test_stored_kernel_plans_are_shown_as_every_familys_not_as_texts(specgen_home):
