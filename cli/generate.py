@@ -23,6 +23,8 @@ EPILOG = """examples:
 
   echo "Sort a list in Python" | specgen generate --method jacobi --prompts - method_options.block_size=4
 
+  specgen generate --no-chat --prompt "def fib(n):" --stop $'\\ndef ' --stop $'\\n\\n\\n'
+
   specgen generate --config recipes/tiny/generate-text.yaml --prompt "Sort a list." max_new_tokens=64
 
   specgen generate --method adt-tree                      # embedded image generator -> ./specgen-images
@@ -59,6 +61,10 @@ def generate(
     top_k: Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens and any tied with "
                                                  "the k-th (0 = off; --temperature 0 is greedy).")] = None,
     top_p: Annotated[Optional[float], typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(
+        "--stop", help="\\[text] Stop string (repeatable; recipe key stop): a completion ends where the first one "
+                       "appears, cut before it (its token ids end with the one that completes it); a line break is "
+                       "--stop $'\\n' in bash. Streamed text holds back what may begin one.")] = None,
     no_chat: Annotated[bool, typer.Option(
         "--no-chat", help="\\[text] Feed text prompts raw, without the chat template (chat messages always use "
                           "it).")] = False,
@@ -110,6 +116,6 @@ def generate(
                   batch_size=batch_size, dtype=dtype, quantize=quantize, graphs=graphs)
     args = GenerateArgs(recipe, list(prompt or []), prompts, prompt_field, max_new_tokens, False if no_chat else None,
                         config, list(overrides or []), fmt, quiet, out_dir, num, classes, cfg_scale, point_clouds,
-                        captions, drafter, stream or None)
+                        captions, drafter, stream or None, stop or None)
     named = recipe_key(config, overrides, "method")  # "" is no method (refused), not the default
     run(args, method if method is not None else named if named is not None else "ar")

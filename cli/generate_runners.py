@@ -35,13 +35,14 @@ class GenerateArgs:
     captions: Path | None
     drafter: str | None
     stream: bool | None  # None: not given (another modality's flag is refused only when given)
+    stop: list[str] | None  # stop strings (None: not given)
 
 
 #: GenerateArgs field -> (its flag, the modalities that read it); another modality's option is refused, not ignored
 MODALITY_OPTIONS = {
     "prompts": ("--prompt", ("text",)), "prompts_file": ("--prompts", ("text",)),
     "prompt_field": ("--prompt-field", ("text",)), "chat": ("--no-chat", ("text",)),
-    "stream": ("--stream", ("text",)), "point_clouds": ("--point-clouds", ("mesh",)),
+    "stream": ("--stream", ("text",)), "stop": ("--stop", ("text",)), "point_clouds": ("--point-clouds", ("mesh",)),
     "max_new_tokens": ("--max-new-tokens", ("text", "mesh")), "out_dir": ("--out-dir", ("image", "mesh")),
     "num": ("--num", ("image", "mesh")), "classes": ("--classes", ("image",)), "cfg_scale": ("--cfg-scale", ("image",)),
     "captions": ("--captions", ("image",)), "drafter": ("--drafter", ("image",)),

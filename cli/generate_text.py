@@ -20,7 +20,8 @@ BATCH_COLUMNS = ["method", "sequences", "new_tokens", "throughput_tokens_per_s",
 
 def run(args, spec: MethodSpec) -> None:
     cfg = load_config(TextGenConfig, args.config, args.overrides, spec, method=spec.name,
-                      max_new_tokens=args.max_new_tokens, chat=args.chat, **args.recipe)
+                      max_new_tokens=args.max_new_tokens, chat=args.chat, stop=args.stop,
+                      **args.recipe)
     req = parse_request(cfg, "text", spec)  # before the model loads: a bad option costs no load
     # a prompt file through the benchmark's reader: what `benchmark --prompts` reads, generate reads (chats included)
     if args.prompt_field is not None and args.prompts_file is None:

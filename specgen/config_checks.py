@@ -47,6 +47,9 @@ THREADS = {"threads", "num_threads"}
 # specgen/precision.py's QUANTIZE, models/graphs.py's MODES)
 CHOICES = {"dtype": ", ".join(DTYPES), "quantize": "int8, int4", "device": "cpu, cuda, cuda:N, auto",
            "graphs": "auto, on, off"}
+# text matched against generated text, where a line break or tab is what it often stops at: control characters are
+# allowed; the empty string, in every text (each completion would end at its first token), is refused
+MATCHED_TEXT = {"stop"}
 # configs whose device may be "auto" (cuda when present, else cpu): their commands resolve it (specgen/devices.py)
 # before any tensor is made; a config not named here takes cpu, cuda, cuda:N or mps only
 AUTO_DEVICE = {"DistillConfig", "TextGenConfig", "ImageGenConfig", "MeshGenConfig", "CollectConfig", "TextBenchConfig",
@@ -90,7 +93,11 @@ def is_number(v: Any) -> bool:
 
 def check_value(key: str, value: Any) -> None:
     """One field: numbers by the tables above, strings free of control characters, a list's values as the field's."""
-    if isinstance(value, str):
+    if isinstance(value, str) and key in MATCHED_TEXT:
+        if not value:
+            raise UsageError(f"an empty {key} string is in every text (each completion would end at once); give a "
+                             "non-empty one, or none")
+    elif isinstance(value, str):
         check_text(key, value)
         if key in CHOICES and not value:
             raise UsageError(f"an empty {key} (an unset shell variable?); use {CHOICES[key]}, or leave it out for "

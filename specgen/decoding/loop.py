@@ -13,6 +13,7 @@ import torch
 from specgen.decoding.pool import RowStep, StepPolicy
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
+from specgen.decoding.stops import Stops, stops_of
 from specgen.decoding.target import Target, TargetOut
 from specgen.devices import now
 
@@ -44,6 +45,8 @@ class Row:
     stats: DecodeStats = field(default_factory=DecodeStats)
     done: bool = False
     streamed: int = 0  # tokens of `out` already given to `on_tokens`
+    checked: int = 0  # tokens of `out` looked at for a stop (`Stops.end`)
+    stop: int | None = None  # the length of `out` through its first stop, once one is found
     # the batch's phase seconds when the row went live: at its finish the row is charged what the batch's phases
     # added since (it lived through each), one dict merge instead of a charge to every live row in every phase
     since: dict[str, float] = field(default_factory=dict)
@@ -54,7 +57,7 @@ class Run:
     """What stays fixed over one `decode_batch` call."""
 
     params: SamplingParams
-    stop_ids: tuple[int, ...]
+    stops: Stops
     max_new_tokens: int
     max_draft: int
     on_done: Callable[[int], None] | None
@@ -67,7 +70,7 @@ def decode_batch(
     prompts: Sequence[list[int]],
     max_new_tokens: int,
     params: SamplingParams,
-    stop_ids: tuple[int, ...] = (),
+    stops: Stops | Sequence[int] = (),
     generators: Sequence[torch.Generator | None] | None = None,
     batch_size: int = 0,
     max_draft: int = 256,
@@ -76,11 +79,12 @@ def decode_batch(
 ) -> BatchResult:
     """Decode every prompt, at most `batch_size` (0: all) at a time, under `policy` (drafters: `methods.run_batch`).
 
+    `stops`: where a row ends besides its budget (a sequence: stop ids alone; image and mesh runs give no strings);
     `generators[i]`: prompt i's random stream; `max_draft`: the most draft nodes of a row (sizes the cache);
     `on_done(i)` when prompt i finishes; `on_tokens(i, tokens)` as it emits them (concatenated: its result)."""
     if not prompts:
         return BatchResult([], DecodeStats())
-    run = Run(params, tuple(stop_ids), max_new_tokens, max_draft, on_done, on_tokens)
+    run = Run(params, stops_of(stops), max_new_tokens, max_draft, on_done, on_tokens)
     batch = Batch(target, policy, prompts, generators, batch_size, run)
     while batch.refill():  # 0. retire finished rows, prefill queued prompts into free slots
         before = batch.total.wall_time  # the host time of the batch's phases so far: a step's is what they add
@@ -136,21 +140,29 @@ class Batch:
             self.policy.admit(slot, row.index, row.prompt, first)
             row.out.extend(self.policy.start(slot, first, self.run.params, row.generator, row.stats))
         row.since = dict(self.total.times)  # live from here: the batch's phases from now on are its too
-        row.done = self.ends(row, row.out, False)
+        row.done = self.ends(row, False)
         self.stream(row)
         return row
 
-    def ends(self, row: Row, emitted: list[int], policy_ends: bool) -> bool:
-        """Whether `row` ends after emitting `emitted`: its budget reached, a stop token, or its policy says so."""
-        # a stop token anywhere: a multi-token step can accept one mid-chunk, and checking only the last token
-        # would keep decoding (and counting forwards) past the end of the text
-        return len(row.out) >= self.run.max_new_tokens or any(t in self.run.stop_ids for t in emitted) or policy_ends
+    def ends(self, row: Row, policy_ends: bool) -> bool:
+        """Whether `row` ends after its latest tokens: a stop among them, its budget reached, or its policy says so."""
+        # every new token is looked at, not only the last: a multi-token step can accept a stop mid-chunk, and
+        # checking only the last would keep decoding (and counting forwards) past the end of the text
+        if row.stop is None:
+            row.stop = self.run.stops.end(row.out, row.checked, self.run.max_new_tokens)
+            row.checked = len(row.out)
+        return row.stop is not None or len(row.out) >= self.run.max_new_tokens or policy_ends
+
+    def kept(self, row: Row) -> list[int]:
+        """The row's output as its result returns it: through its first stop and within its budget (a multi-token
+        step's tokens past either are dropped)."""
+        return row.out[: min(self.run.max_new_tokens, row.stop or len(row.out))]
 
     def finish(self, row: Row) -> None:
         # the batch's phases since the row went live (none runs between the emit that ended it and here)
         for phase, seconds in self.total.times.items():
             row.stats.times[phase] = row.stats.times.get(phase, 0.0) + seconds - row.since.get(phase, 0.0)
-        row.out = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
+        row.out = self.kept(row)
         row.stats.new_tokens = len(row.out)
         self.total.new_tokens += len(row.out)
         row.stats.extras["latency_s"] = now(self.target.device) - self.t0  # queueing included
@@ -224,14 +236,14 @@ class Batch:
         self.total.steps += 1
         for i, (r, st) in enumerate(zip(self.slots, steps)):
             r.out.extend(st.tokens)
-            r.done = self.ends(r, st.tokens, self.policy.finished(i))
+            r.done = self.ends(r, self.policy.finished(i))
             self.stream(r)
 
     def stream(self, row: Row) -> None:
-        """Give `on_tokens` the row's new tokens, cut where its result will be cut (stop token, budget)."""
+        """Give `on_tokens` the row's new tokens, cut where its result will be cut (stop, budget)."""
         if self.run.on_tokens is None:
             return
-        visible = truncate(row.out, self.run.max_new_tokens, self.run.stop_ids)
+        visible = self.kept(row)
         if len(visible) > row.streamed:
             self.run.on_tokens(row.index, visible[row.streamed :])
             row.streamed = len(visible)
@@ -247,7 +259,3 @@ def timed(stats: list[DecodeStats], phase: str) -> Iterator[None]:
     for s in stats:
         s.times[phase] = s.times.get(phase, 0.0) + dt
 
-
-def truncate(tokens: list[int], limit: int, stop_ids: tuple[int, ...]) -> list[int]:
-    """Cut after the first stop token and at the token limit."""
-    return tokens[: min(limit, next((i + 1 for i, t in enumerate(tokens) if t in stop_ids), limit))]

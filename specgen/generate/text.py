@@ -9,6 +9,7 @@ import torch
 from specgen.data.prompts import Prompt, encode
 from specgen.decoding.budget import AutoBudget
 from specgen.decoding.cost import Tokens, cost_of
+from specgen.decoding.stops import Stops
 from specgen.devices import DTYPES
 from specgen.errors import UsageError
 from specgen.limits import check_kv_cache, check_prompt_fits
@@ -35,6 +36,7 @@ class TextGenConfig:
     dtype: str | None = None  # float32 | bfloat16 (default float32; bfloat16 when quantized)
     quantize: str | None = None  # None | int8 | int4: weight-only quantized target (specgen/precision.py)
     method_options: dict = field(default_factory=dict)  # e.g. block_size, num_draft, max_ngram
+    stop: list[str] = field(default_factory=list)  # stop strings: a completion ends before the first (stops.py)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
     seed = cfg.method_options.get("seed", cfg.seed)
-    stream = None if on_text is None else TextStream(model.tokenizer, len(prompts), on_text)
+    stops = Stops(model.tokenizer.stop_ids, tuple(cfg.stop), model.tokenizer.decode)
+    stream = None if on_text is None else TextStream(model.tokenizer, len(prompts), on_text, stops)
 
     def done(i: int) -> None:  # a finished row's held-back text first, then the caller's notice
         if stream is not None:
@@ -81,10 +84,11 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
             on_done(i)
 
     batch = run_batch(model.target, lambda i: req.spec.drafter(req.options, seed), ids, cfg.max_new_tokens, req.params,
-                      model.tokenizer.stop_ids, generators, cfg.batch_size, on_done=done,
+                      stops, generators, cfg.batch_size, on_done=done,
                       budget=draft_budget(model, req.budget, req.params.greedy), on_tokens=stream)
-    return [TextResult(p.content, model.tokenizer.decode(r.tokens), r.tokens, r.stats.summary())
-            for p, r in zip(prompts, batch.results)]
+    texts = [model.tokenizer.decode(r.tokens) for r in batch.results]
+    return [TextResult(p.content, text[: stops.cut(text)], r.tokens, r.stats.summary())
+            for p, r, text in zip(prompts, batch.results, texts)]
 
 
 def draft_budget(model: TextModel, kind: str, greedy: bool = True, limit: int = 16) -> AutoBudget | None:
@@ -95,17 +99,23 @@ def draft_budget(model: TextModel, kind: str, greedy: bool = True, limit: int = 
 
 
 class TextStream:
-    """Token ids as accepted -> each row's new text, held back while it ends in an incomplete character."""
+    """Token ids as accepted -> each row's new text, held back while it ends in an incomplete character or in what
+    may begin a stop string (`Stops.pending`), and cut before a stop string: the pieces join to the completion."""
 
-    def __init__(self, tokenizer, rows: int, on_text) -> None:
-        self.tokenizer, self.on_text = tokenizer, on_text
+    def __init__(self, tokenizer, rows: int, on_text, stops: Stops = Stops()) -> None:
+        self.tokenizer, self.on_text, self.stops = tokenizer, on_text, stops
         self.ids: list[list[int]] = [[] for _ in range(rows)]
         self.sent = [0] * rows  # characters of each row's text already given
 
     def __call__(self, row: int, tokens: list[int], final: bool = False) -> None:
-        """`final`: the row is done, so a character held back at its end goes out as it is."""
+        """`final`: the row is done, so a character or a stop string's start held back at its end goes out as it is."""
         self.ids[row].extend(tokens)
         text = self.tokenizer.decode(self.ids[row])
-        if (final or not text.endswith("\ufffd")) and len(text) > self.sent[row]:
-            self.on_text(row, text[self.sent[row]:])
-            self.sent[row] = len(text)
+        if not final and text.endswith("\ufffd"):
+            return
+        end = self.stops.cut(text)
+        if not final and end == len(text):  # no stop string yet: its start may be at the end
+            end -= self.stops.pending(text)
+        if end > self.sent[row]:
+            self.on_text(row, text[self.sent[row]:end])
+            self.sent[row] = end

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from specgen.decoding.budget import FixedBudget
 from specgen.decoding.draft_verify import judge
 from specgen.decoding.loop import decode_batch
+from specgen.decoding.stops import Stops
 from specgen.errors import UnknownNameError, UsageError
 from specgen.methods import ngram_cache
 from specgen.methods import options as O
@@ -115,11 +116,11 @@ def model_for(spec: MethodSpec, model: str, default: str) -> str:
 
 
 def run_batch(target, make_drafter: Callable[[int], Any], prompts: list[list[int]], max_new_tokens: int, params,
-              stop_ids: tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, rule=None,
+              stops: Stops | tuple[int, ...] = (), generators=None, batch_size: int = 0, on_done=None, rule=None,
               budget=None, max_draft: int = 256, on_tokens=None):
     """`decode_batch` of `prompts` under the step policy of prompt 0's drafter (`make_drafter(i)`: prompt i's)."""
     first = make_drafter(0)
     policy = first.step_policy(lambda i: first if i == 0 else make_drafter(i), target, rule or judge,
                           budget or FixedBudget(max_draft))
-    return decode_batch(target, policy, prompts, max_new_tokens, params, stop_ids, generators, batch_size=batch_size,
+    return decode_batch(target, policy, prompts, max_new_tokens, params, stops, generators, batch_size=batch_size,
                         max_draft=max_draft, on_done=on_done, on_tokens=on_tokens)

@@ -22,7 +22,7 @@ def test_streamed_tokens_joined_are_each_rows_result(name):
     """Stop tokens and budgets cut the stream where they cut the result (stop id 5 appears in the outputs)."""
     got: dict[int, list[int]] = {i: [] for i in range(len(PROMPTS))}
     res = run_batch(ModelTarget(tiny_model(0)), lambda i: method_drafter(name), PROMPTS, 20, SamplingParams(),
-                    stop_ids=(5,), batch_size=2, on_tokens=lambda i, toks: got[i].extend(toks))
+                    (5,), batch_size=2, on_tokens=lambda i, toks: got[i].extend(toks))
     assert [got[i] for i in range(len(PROMPTS))] == [r.tokens for r in res.results]
 
 
