@@ -217,6 +217,11 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--prompt", "a cat"], "--prompt is for text models; this is an image model"),
     ([*IMG, "--max-new-tokens", "5"], "--max-new-tokens is for text and mesh models"),
     ([*MESH, "--cfg-scale", "3"], "--cfg-scale is for image models; this is a mesh model"),
+    ([*GEN, "--stop", ""], "an empty stop string is in every text"),  # each completion would end at once
+    ([*GEN, "stop=[y,'']"], "an empty stop string"),  # a recipe's list, as the option's
+    ([*IMG, "--stop", "x"], "--stop is for text models; this is an image model"),
+    ([*MESH, "--stop", "x"], "--stop is for text models; this is a mesh model"),
+    (["generate", "--method", "adt-tree", "--stop", "x"], "--stop is for text models; this is an image model"),
     (["generate", "--model", "tiny-image-gpt+int8", "--method", "ar", "--quantize", "int4"],
      "--quantize int4 contradicts the model name 'tiny-image-gpt+int8'"),
     ([*MESH, "model=mesh-gpt-tiny+bf16", "--dtype", "float32"], "--dtype float32 contradicts the model name"),

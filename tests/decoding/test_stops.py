@@ -69,7 +69,7 @@ def test_the_tail_window_finds_what_the_whole_text_search_finds(seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_tail_window_finds_what_the_whole_text_search_finds_in_smollm2s_text(seed, smollm2):
+def test_the_tail_window_finds_what_the_whole_text_search_finds_in_smollm2s_text(seed, smollm2):  # noqa: F811
     """Random ids of SmolLM2's byte-level BPE (byte tokens that split characters, specials that decode to nothing),
     stop strings drawn from their text and from another's."""
     tokenizer = smollm2[1]

@@ -54,3 +54,26 @@ def test_stream_flag_prints_json_lines_in_row_order():
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert lines and all(set(line) == {"row", "text"} for line in lines)
     assert {line["row"] for line in lines} <= {0, 1}
+
+
+def test_text_stream_holds_back_what_may_begin_a_stop_string_until_it_is_known():
+    """`<st`, `<sto` come before the stop string `<stop>` without the rest of it: they are held back, then sent;
+    the pieces never take back text, and join to the completion (cut before the stop string)."""
+    from specgen.decoding.stops import Stops
+    from specgen.generate.text import TextStream
+
+    class Bytes:
+        def decode(self, ids):
+            return bytes(ids).decode("utf-8", errors="replace")
+
+    pieces: list[str] = []
+    stream = TextStream(Bytes(), 1, lambda i, text: pieces.append(text), Stops((), ("<stop>",), Bytes().decode))
+    data, sent = "a <st ré <sto p <stop> tail".encode(), []
+    for b in data[: data.index(b">") + 1]:  # the loop's stream ends with the token completing the stop string
+        stream(0, [b])
+        sent.append("".join(pieces))
+    stream(0, [], final=True)
+    assert "".join(pieces) == "a <st ré <sto p "
+    assert all(later.startswith(earlier) for earlier, later in zip(sent, sent[1:]))
+    assert not any(s.endswith(("<", "<s", "<st", "<sto", "<stop")) for s in sent)  # each start held while it may be one
+    assert "a <st" in sent[data.index(b" r")] and sent[data.index(b"<sto") + 3] == "a <st ré "
