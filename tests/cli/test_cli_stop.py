@@ -39,3 +39,12 @@ def test_a_recipes_stop_strings_are_the_options(tiny, tmp_path):  # noqa: F811
     by_option = gen("ar", "--format", "json", "--stop", "\n", "--stop", plain[1][2:4])
     assert by_recipe.exit_code == 0, by_recipe.output
     assert rows_of(by_recipe.stdout, "completion") == rows_of(by_option.stdout, "completion") != plain
+
+
+def test_generate_help_documents_stop():
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "200"})
+    assert "--stop" in r.stdout and "[text] Stop string (repeatable; recipe key stop)" in r.stdout
