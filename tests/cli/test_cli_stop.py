@@ -30,6 +30,17 @@ def test_stop_strings_cut_the_completions_and_the_streamed_pieces_join_to_them(t
     assert streamed.exit_code == 0 and rows_of(streamed.stdout, "text") == stopped
 
 
+def test_a_terminals_live_text_with_stops_is_the_piped_output(tiny, monkeypatch):  # noqa: F811
+    from cli import _stream
+
+    plain = rows_of(gen("ar", "--format", "json").stdout, "completion")
+    stop = plain[2][4:6]
+    piped = gen("ar", "--quiet", "--stop", stop)
+    monkeypatch.setattr(_stream, "stdout_is_terminal", lambda: True)
+    live = gen("ar", "--stop", stop)
+    assert live.exit_code == 0 and live.stdout == piped.stdout and stop not in live.stdout.split("\n\n")[2]
+
+
 def test_a_recipes_stop_strings_are_the_options(tiny, tmp_path):  # noqa: F811
     """`stop:` in a recipe (a line break among them: control characters are allowed there) as --stop gives them."""
     plain = rows_of(gen("ar", "--format", "json").stdout, "completion")
