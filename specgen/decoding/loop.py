@@ -153,16 +153,16 @@ class Batch:
             row.checked = len(row.out)
         return row.stop is not None or len(row.out) >= self.run.max_new_tokens or policy_ends
 
-    def kept(self, row: Row) -> list[int]:
-        """The row's output as its result returns it: through its first stop and within its budget (a multi-token
-        step's tokens past either are dropped)."""
-        return row.out[: min(self.run.max_new_tokens, row.stop or len(row.out))]
+    def kept(self, row: Row) -> int:
+        """How many of the row's tokens its result keeps: through its first stop and within its budget (a
+        multi-token step's tokens past either are dropped)."""
+        return min(self.run.max_new_tokens, row.stop or len(row.out))
 
     def finish(self, row: Row) -> None:
         # the batch's phases since the row went live (none runs between the emit that ended it and here)
         for phase, seconds in self.total.times.items():
             row.stats.times[phase] = row.stats.times.get(phase, 0.0) + seconds - row.since.get(phase, 0.0)
-        row.out = self.kept(row)
+        row.out = row.out[: self.kept(row)]
         row.stats.new_tokens = len(row.out)
         self.total.new_tokens += len(row.out)
         row.stats.extras["latency_s"] = now(self.target.device) - self.t0  # queueing included
@@ -243,10 +243,10 @@ class Batch:
         """Give `on_tokens` the row's new tokens, cut where its result will be cut (stop, budget)."""
         if self.run.on_tokens is None:
             return
-        visible = self.kept(row)
-        if len(visible) > row.streamed:
-            self.run.on_tokens(row.index, visible[row.streamed :])
-            row.streamed = len(visible)
+        end = self.kept(row)
+        if end > row.streamed:
+            self.run.on_tokens(row.index, row.out[row.streamed : end])
+            row.streamed = end
 
 
 @contextmanager
