@@ -293,10 +293,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: self-attention, optional cross-attention, SwiGLU (routed experts: `cfg.n_experts`); with `cfg.sandwich_norms` (Gemma) each
-    sublayer's output is normed again before its residual add (attention_out_norm, ffn_out_norm; else identities);
-    without `cfg.pre_norms` (OLMo 2) the sublayers read the residual stream unnormed (attention_norm, ffn_norm:
-    identities)."""
+    """Pre-norm block: self-attention, optional cross-attention, SwiGLU (routed experts: `cfg.n_experts`); with
+    `cfg.sandwich_norms` (Gemma) each sublayer's output is normed again before its residual add (attention_out_norm,
+    ffn_out_norm; else identities); without `cfg.pre_norms` (OLMo 2) the sublayers read the residual stream unnormed
+    (attention_norm, ffn_norm: identities)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
