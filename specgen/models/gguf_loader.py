@@ -203,6 +203,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
                               ) from None
     if arch is None:  # a GGUF holds a model's weights under its architecture's names, or other data
         raise UsageError(f"GGUF file {path.name} names no general.architecture: not a model's weights")
+    experts = gguf_field(reader, f"{arch}.expert_count")
+    if experts:  # Mixtral's (llama) and qwen3moe's routed experts: 3-D stacks no GGUF mapping here reads
+        raise UsageError(f"GGUF file {path.name} sets {arch}.expert_count={experts}: a mixture of experts; specgen "
+                         "loads MixtralForCausalLM and Qwen3MoeForCausalLM from HF folders, not from GGUF files")
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}

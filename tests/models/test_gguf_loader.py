@@ -623,3 +623,23 @@ def test_a_granite_gguf_that_llama_cpp_builds_otherwise_is_refused_in_one_line(k
     with pytest.raises((UsageError, CheckpointError), match=says) as err:
         load_gguf(path)
     assert "\n" not in str(err.value)
+
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_a_mixture_of_experts_gguf_is_refused_in_one_line(arch, tmp_path):
+    """A Mixtral GGUF (llama, `llama.expert_count` > 0, a router `ffn_gate_inp` and 3-D expert stacks per layer) or a
+    qwen3moe one is refused in one line naming the key and where such models load (HF folders), never loaded with
+    its experts dropped, even beside dense FFN tensors a dense reading would take."""
+    theirs = hf_model("LlamaForCausalLM")
+    theirs.save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    e, cfg = 4, loaded.cfg
+    stacks = {f"blk.{i}.{name}": np.random.rand(*shape).astype(np.float32) for i in range(cfg.n_layers)
+              for name, shape in (("ffn_gate_inp.weight", (e, cfg.dim)), ("ffn_gate_exps.weight", (e, 48, cfg.dim)),
+                                  ("ffn_up_exps.weight", (e, 48, cfg.dim)), ("ffn_down_exps.weight", (e, cfg.dim, 48)))}
+    path = tmp_path / "moe.gguf"
+    write_gguf(path, cfg, loaded.state, stacks, arch=arch, expert_count=e, expert_used_count=2)
+    with pytest.raises(UsageError, match=f"^GGUF file moe.gguf sets {arch}.expert_count=4: a mixture of experts; "
+                                         "specgen loads MixtralForCausalLM and Qwen3MoeForCausalLM from HF folders"):
+        load_gguf(path)
