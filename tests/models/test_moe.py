@@ -1,0 +1,121 @@
+"""Routed feed-forwards (models/moe.py): a row's bits never depend on the rows beside it, the static path gives the
+routed path's bits, and quantization, LoRA merges and exports take MoE targets or refuse them in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgen.models import graphs
+from specgen.models.moe import MoEFeedForward, static_routing
+from specgen.models.sliced_linear import SlicedLinear
+from tests.conftest import MOE, tiny_model
+from tests.models.test_graphs import chain_against_steps
+from tests.models.test_sliced_linear import shape_dependent
+
+PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+DTYPES = [torch.float32, torch.bfloat16]
+# a Qwen3-MoE block over tiny_config's shape: q/k norms, the k weights rounded before they scale, not renormalised
+QWEN3_MOE = dict(n_experts=4, experts_per_token=2, expert_weight_round=True, qk_norm=True, tie_embeddings=False)
+
+
+def moe_model(dtype: torch.dtype, products: str, over: dict = MOE):
+    """A tiny routed model in `dtype`, its products SlicedLinear ("sliced": one GEMM shape at every row count) or
+    plain nn.Linear."""
+    model = tiny_model(0, **over).to(dtype)
+    for lin in model.modules():
+        if type(lin) is torch.nn.Linear and products == "sliced":
+            lin.__class__ = SlicedLinear
+    return model
+
+
+def rows(n: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.randn(n, 32, generator=torch.Generator().manual_seed(n)) * 2).to(dtype)  # [n, dim]
+
+
+@pytest.mark.parametrize("over", [MOE, QWEN3_MOE], ids=["mixtral", "qwen3-moe"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("products", ["sliced", "plain"])
+def test_a_row_gets_the_same_bits_alone_and_among_other_rows(products, dtype, over, monkeypatch):
+    """Each of 130 rows (more than a slice of 64) through a routed feed-forward: alone (an AR step), in groups of 5 (a
+    verify) and all together give identical bits, in float32 and bfloat16, under a product kernel whose sums move
+    with its row count: routing, weights and the k-term sum are per row, and each expert's product over its rows is
+    row-invariant (SlicedLinear, a GPU model's layout). The control: plain products under that kernel (an expert's
+    rows change with the batch) are not."""
+    ffn = moe_model(dtype, products, over).layers[0].feed_forward
+    monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
+    x = rows(130, dtype)
+    with torch.inference_mode():
+        together = ffn(x)  # [130, dim]
+        alone = torch.cat([ffn(x[i : i + 1]) for i in range(130)])
+        fives = torch.cat([ffn(x[i : i + 5]) for i in range(0, 130, 5)])
+    same = torch.equal(together, alone) and torch.equal(together, fives)
+    assert same == (products == "sliced")
+
+
+def test_torch_cpu_float32_products_are_not_row_invariant_so_the_invariant_rests_on_the_layout():
+    """What the CPU gives (a record, not a requirement): torch's float32 F.linear scores a row alone (MKL's one-row
+    path) with other bits than among 35 rows, so on the CPU a routed feed-forward is as row-invariant as the model's
+    other products (SlicedLinear on a GPU, the decode layout's kernels on the CPU: docs/precision.md)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 32), torch.randn(35, 32)
+    together = torch.nn.functional.linear(x, w)
+    alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], w) for i in range(35)])
+    if torch.equal(together, alone):
+        pytest.skip("this CPU's float32 products happen to be row-invariant")
+    assert (together - alone).abs().max() < 1e-5  # last bits only
+
+
+@pytest.mark.parametrize("over", [MOE, QWEN3_MOE], ids=["mixtral", "qwen3-moe"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("products", ["sliced", "plain"])
+def test_the_static_path_gives_the_routed_paths_bits(products, dtype, over, monkeypatch):
+    """Every expert over every row, each row's k gathered (`static_routing`, what captured steps run) gives the bits
+    of each expert over its own rows (eager), at 1, 5 and 130 rows, under a product kernel whose sums move with its
+    row count, with row-invariant products; the control: plain products under it (the static path's experts hold
+    every row, the routed path's fewer) do not, at 5 and 130 rows."""
+    ffn = moe_model(dtype, products, over).layers[0].feed_forward
+    monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
+    same = []
+    for n in (1, 5, 130):
+        x = rows(n, dtype)
+        with torch.inference_mode():
+            routed = ffn(x)
+            with static_routing():
+                static = ffn(x)
+        same.append(torch.equal(routed, static))
+    assert same == ([True] * 3 if products == "sliced" else [True, False, False])
+
+
+@pytest.mark.parametrize("products,capture", [("sliced", False), ("sliced", True), ("plain", False)])
+def test_a_bf16_moe_chain_scores_each_node_bitwise_as_ar_steps(products, capture, monkeypatch):
+    """A routed bfloat16 target scores a 16-node chain bitwise as 16 AR steps, eagerly (routed) and in its static
+    steps (every expert), under a product kernel whose sums move with its row count; the control: plain products
+    under that kernel do not."""
+    for static in (False, True):
+        model = moe_model(torch.bfloat16, products)
+        if static:
+            graphs.attach(model, "on", capture=False)
+        monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
+        steps, chain = chain_against_steps(model, PROMPT)
+        monkeypatch.undo()
+        assert torch.equal(steps, chain) == (products == "sliced"), static
+        if static:
+            assert model.graphs.replays > 0 and model.graphs.eager_calls == 0
+
+
+def test_the_block_builds_experts_only_where_the_config_routes():
+    """A dense config keeps its one FeedForward (its old path and state names); a routed one a gate and E experts."""
+    dense, routed = tiny_model(0), tiny_model(0, **MOE)
+    assert type(dense.layers[0].feed_forward).__name__ == "FeedForward"
+    assert isinstance(routed.layers[0].feed_forward, MoEFeedForward)
+    names = {k for k in routed.state_dict() if k.startswith("layers.0.feed_forward.")}
+    assert names == {"layers.0.feed_forward.gate.weight"} | {
+        f"layers.0.feed_forward.experts.{e}.w{j}.weight" for e in range(4) for j in (1, 2, 3)}
+
+
+def test_an_eagle_drafter_of_a_moe_target_is_dense():
+    from specgen.models.eagle import drafter_config
+
+    cfg = drafter_config(tiny_model(0, **MOE).cfg)
+    assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.n_layers) == (0, 0, False, 1)
