@@ -119,3 +119,48 @@ def test_an_eagle_drafter_of_a_moe_target_is_dense():
 
     cfg = drafter_config(tiny_model(0, **MOE).cfg)
     assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.n_layers) == (0, 0, False, 1)
+
+
+@pytest.mark.parametrize("mode,group", [("int4", 32), ("int8", 0)])
+def test_a_quantized_moe_target_keeps_every_lossless_method_on_ar_and_reloads_bit_for_bit(mode, group):
+    """int4 / int8 quantize each expert as a dense feed-forward (qmm.c: every row alone), the router stays a
+    bfloat16 Linear; every lossless text method then equals AR on it, alone and batched; a quantized entry's skeleton
+    (`build_quantized_transformer`) loads its state bit for bit; the control: it is another model than the float one
+    (greedy tokens differ)."""
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.decoding.target import ModelTarget
+    from specgen.methods import run_batch
+    from specgen.models.quantize import QuantizedFeedForward, build_quantized_transformer, quantize_model
+    from tests.conftest import LOSSLESS_TEXT, method_drafter
+
+    qm = quantize_model(tiny_model(0, **MOE), mode, group)
+    ffn = qm.layers[0].feed_forward
+    assert all(type(e) is QuantizedFeedForward for e in ffn.experts) and ffn.gate.weight.dtype == torch.bfloat16
+    target, prompts, greedy = ModelTarget(qm), [PROMPT, PROMPT[:7], [3, 9, 27, 17]], SamplingParams()
+    ar = [r.tokens for r in run_batch(target, lambda i: method_drafter("ar"), prompts, 24, greedy).results]
+    for name in LOSSLESS_TEXT:
+        got = run_batch(target, lambda i: method_drafter(name), prompts, 24, greedy, batch_size=2)
+        assert [r.tokens for r in got.results] == ar, name
+    fresh = build_quantized_transformer(mode, group, **qm.cfg.to_dict())
+    fresh.load_state_dict(qm.state_dict(), strict=True)
+    ids, pos = torch.randint(0, 64, (1, 6)), torch.arange(6)[None]
+    with torch.inference_mode():
+        assert torch.equal(fresh(ids, pos)[0], qm(ids, pos)[0])
+    f = ModelTarget(tiny_model(0, **MOE))
+    assert [r.tokens for r in run_batch(f, lambda i: method_drafter("ar"), prompts, 24, greedy).results] != ar
+
+
+def test_a_lora_adapter_merges_into_an_experts_weights():
+    """A saved adapter over an expert's projection (its path: layers.i.feed_forward.experts.e.w1) merges as into a
+    dense one, W += (alpha / rank) B A; a path the model lacks (an expert past E) is one line."""
+    from specgen.models.lora import merge_lora_state
+
+    model = tiny_model(0, **MOE)
+    path = "layers.1.feed_forward.experts.3.w1"
+    before = model.get_submodule(path).weight.detach().clone()
+    a, b = torch.randn(2, 32), torch.randn(64, 2)
+    assert merge_lora_state(model, {f"{path}.lora_A": a, f"{path}.lora_B": b}, rank=2, alpha=4.0) == 1
+    assert torch.equal(model.get_submodule(path).weight, before + (b @ a * 2.0))
+    with pytest.raises(ValueError, match="^adapter layer layers.0.feed_forward.experts.4.w1 is not in the model$"):
+        merge_lora_state(model, {"layers.0.feed_forward.experts.4.w1.lora_A": a,
+                                 "layers.0.feed_forward.experts.4.w1.lora_B": b}, rank=2, alpha=4.0)
