@@ -631,10 +631,12 @@ SANDWICH_NAMES = {
 }
 LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
 # a routed feed-forward's tensors (cfg.n_experts) under feed_forward.: its router and each expert's ("{e}") gate, up and
-# down projections; HF names as Qwen3-MoE's checkpoints (and transformers 5's save_pretrained) write them, per expert
-EXPERT_NAMES = {"gate.weight": "mlp.gate.weight", "experts.{e}.w1.weight": "mlp.experts.{e}.gate_proj.weight",
-                "experts.{e}.w3.weight": "mlp.experts.{e}.up_proj.weight",
-                "experts.{e}.w2.weight": "mlp.experts.{e}.down_proj.weight"}
+# down projections -> (HF name, as Qwen3-MoE's checkpoints and transformers 5's save_pretrained write them, per
+# expert; GGUF name, expert e's slice of llama.cpp's [E, out, in] stack: `expert_slices`)
+EXPERT_NAMES = {"gate.weight": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+                "experts.{e}.w1.weight": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight.{e}"),
+                "experts.{e}.w3.weight": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight.{e}"),
+                "experts.{e}.w2.weight": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight.{e}")}
 # an architecture -> its checkpoints' name parts for EXPERT_NAMES' (Mixtral's legacy names, which transformers 5 still
 # saves), each a part of a tensor under `block_sparse_moe.` -> the part the loader reads
 RENAMED = {"MixtralForCausalLM": {"block_sparse_moe.": "mlp.", ".w1.weight": ".gate_proj.weight",
@@ -654,11 +656,9 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
 
     out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
     layer_names = LAYER_NAMES | SANDWICH_NAMES if cfg.sandwich_norms else LAYER_NAMES
-    if cfg.n_experts:  # the dense projections' places taken by the router's and the experts' (HF folders only)
-        if fmt != "hf":
-            raise ValueError(f"routed experts are read from HF folders, not {fmt}")
+    if cfg.n_experts:  # the dense projections' places taken by the router's and the experts'
         layer_names = {ours: theirs for ours, theirs in layer_names.items() if not ours.startswith("feed_forward.")}
-        layer_names |= {f"feed_forward.{ours.format(e=e)}": (theirs.format(e=e),) * 2
+        layer_names |= {f"feed_forward.{ours.format(e=e)}": tuple(name.format(e=e) for name in theirs)
                         for ours, theirs in EXPERT_NAMES.items() for e in range(cfg.n_experts)}
     for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
