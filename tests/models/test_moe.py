@@ -191,3 +191,28 @@ def test_a_moe_registry_target_generates_ar_tokens_through_the_cli(tmp_path, mon
     assert all(r.exit_code == 0 for r in runs), runs[-1].output
     ar, got = (json.loads(r.stdout.splitlines()[0])["token_ids"] for r in runs)
     assert got == ar and len(ar) == 16
+
+
+def test_lora_trains_through_the_routed_path_and_merges_into_the_experts():
+    """`apply_lora` wraps each expert's projections and the router (their attribute names, as a dense block's); a
+    backward through the routed path reaches every adapter; the trained adapters merged into a fresh model give the
+    wrapped model's logits. The control: the base model's logits differ from them."""
+    from specgen.models.lora import merge_lora_state
+    from specgen.train.lora import apply_lora, lora_state
+
+    model = tiny_model(0, **MOE)
+    paths = apply_lora(model, ("w1", "w2", "w3", "gate"), rank=2, alpha=4.0)
+    assert len(paths) == 2 * (1 + 4 * 3)  # per layer: the router and 4 experts' three projections
+    x, pos = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(0)), torch.arange(9).expand(2, 9)
+    model(x, pos)[0].float().logsumexp(-1).mean().backward()
+    adapters = [p for n, p in model.named_parameters() if "lora_" in n]
+    assert len(adapters) == 2 * len(paths) and all(p.grad is not None for p in adapters)
+    with torch.no_grad():
+        for p in adapters:
+            p.sub_(0.5 * p.grad.sign())  # one signed step: every B nonzero
+        wrapped = model(x, pos)[0]
+    merged = tiny_model(0, **MOE)
+    assert merge_lora_state(merged, lora_state(model), rank=2, alpha=4.0) == len(paths)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(x, pos)[0], wrapped, atol=1e-4, rtol=1e-4)
+        assert (tiny_model(0, **MOE)(x, pos)[0] - wrapped).abs().max() > 1e-2
