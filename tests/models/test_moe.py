@@ -10,7 +10,7 @@ from specgen.models import graphs
 from specgen.models.moe import MoEFeedForward, static_routing
 from specgen.models.sliced_linear import SlicedLinear
 from tests.conftest import MOE, tiny_model
-from tests.models.test_graphs import chain_against_steps
+from tests.models.test_graphs import chain_against_steps, traced
 from tests.models.test_sliced_linear import shape_dependent
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -90,12 +90,13 @@ def test_the_static_path_gives_the_routed_paths_bits(products, dtype, over, monk
 @pytest.mark.parametrize("products,capture", [("sliced", False), ("sliced", True), ("plain", False)])
 def test_a_bf16_moe_chain_scores_each_node_bitwise_as_ar_steps(products, capture, monkeypatch):
     """A routed bfloat16 target scores a 16-node chain bitwise as 16 AR steps, eagerly (routed) and in its static
-    steps (every expert), under a product kernel whose sums move with its row count; the control: plain products
-    under that kernel do not."""
+    steps (every expert; `capture`: through the replay emulation of a CUDA graph, tests/models/test_graphs.py), under
+    a product kernel whose sums move with its row count; the control: plain products under that kernel do not."""
     for static in (False, True):
         model = moe_model(torch.bfloat16, products)
         if static:
-            graphs.attach(model, "on", capture=False)
+            monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+            graphs.attach(model, "on", capture=capture)
         monkeypatch.setattr(torch.nn.functional, "linear", shape_dependent)
         steps, chain = chain_against_steps(model, PROMPT)
         monkeypatch.undo()
