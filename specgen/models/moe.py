@@ -14,8 +14,9 @@ from torch import nn
 # (2) an expert's products over the rows routed to it give each row the bits it gets over any other rows (the model's
 # linears are row-invariant: CPU kernels compute an output row from its input row, GPU ones run in fixed-shape slices,
 # models/sliced_linear.py; tests/models/test_moe.py checks it for float32 and bfloat16); (3) a row's k weighted
-# contributions go into its own [k, dim] slots, by its experts' ascending index, and are summed in that order
-# (transformers' index_add order, expert by expert), never by atomics or an order another row could change.
+# contributions go into its own [k, dim] slots, by top-k slot, and are summed over them by one reduction of a
+# [T, k, dim] buffer (each (row, dim) over its k values alone), never by atomics or an order another row could
+# change. transformers 5's default experts forward (grouped_mm) sums so too: the same bits in bfloat16 (tested).
 
 _STATIC: ContextVar[bool] = ContextVar("specgen_static_routing", default=False)
 
@@ -37,8 +38,8 @@ class MoEFeedForward(nn.Module):
     """A router (`gate`, dim -> E, no bias) and E experts (`expert(cfg)`: FeedForward's SwiGLU at cfg.ffn_dim). Each
     row: softmax of its router logits in float32, its top k (cfg.experts_per_token) weights, renormalised to sum 1
     where cfg.expert_renorm (Mixtral always, Qwen3-MoE by norm_topk_prob), rounded to the activation dtype before they
-    scale the experts' outputs where cfg.expert_weight_round (Qwen3-MoE; Mixtral scales in float32 and rounds the
-    product), then the k products summed in the dtype by ascending expert index (transformers' order)."""
+    scale the experts' outputs where cfg.expert_weight_round (Qwen3-MoE: products and their sum in the dtype;
+    Mixtral's in float32, the sum rounded once), then the k products summed over the top-k slots."""
 
     def __init__(self, cfg, expert: Callable[[object], nn.Module]) -> None:
         super().__init__()
@@ -47,25 +48,20 @@ class MoEFeedForward(nn.Module):
         self.experts = nn.ModuleList(expert(cfg) for _ in range(cfg.n_experts))
 
     def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(each row's k experts [T, k] in ascending order, their weights [T, k]: float32, or the dtype where rounded)
+        """(each row's k experts [T, k] by falling weight, their weights [T, k]: float32, or the dtype where rounded)
         of rows [T, dim]; every op is per row."""
         probs = torch.softmax(self.gate(rows).float(), -1)  # [T, E] float32
-        weights, experts = torch.topk(probs, self.k, -1)  # [T, k] each, by falling weight
+        weights, experts = torch.topk(probs, self.k, -1)  # [T, k] each
         if self.renorm:
             weights = weights / weights.sum(-1, keepdim=True)
-        experts, order = experts.sort(-1)  # ascending expert index: the sum's order (a row's own)
-        weights = weights.gather(-1, order)
         return experts, weights.to(rows.dtype) if self.round else weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., dim] -> [..., dim]
         rows = x.reshape(-1, x.shape[-1])  # [T, dim]
         experts, weights = self.route(rows)
         picked = (self.every if _STATIC.get() else self.routed)(rows, experts)  # [T, k, dim]
-        parts = (picked * weights[..., None]).to(x.dtype)  # [T, k, dim]: each contribution rounded once
-        out = parts[:, 0]
-        for j in range(1, self.k):  # in slot order (ascending expert), in the dtype
-            out = out + parts[:, j]
-        return out.view(x.shape)
+        parts = picked * weights[..., None]  # [T, k, dim]: float32, or the dtype where the weights were rounded
+        return parts.sum(1).to(x.dtype).view(x.shape)  # each (row, dim) summed over its k slots
 
     def routed(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Each row's k experts' outputs [T, k, dim] (row t's slot j: expert experts[t, j] of row t), each expert run

@@ -1197,3 +1197,23 @@ def test_a_routed_block_that_no_moe_class_expresses_is_not_exported():
     for over in (dict(ffn_act="gelu_tanh"), dict(expert_renorm=False)):
         with pytest.raises(ValueError, match="as Mixtral or Qwen3-MoE"):
             to_hf(tiny_model(0, **{**TINY_MOE, **over}))
+
+
+@pytest.mark.parametrize("arch,over", [("MixtralForCausalLM", {}), ("Qwen3MoeForCausalLM", dict(norm_topk_prob=True)),
+                                       ("Qwen3MoeForCausalLM", {})])
+def test_a_bf16_moe_block_gives_transformers_bits(arch, over, tmp_path):
+    """In bfloat16 a routed feed-forward is bitwise transformers' (its default experts forward, grouped_mm): router
+    logits in the dtype, softmax in float32, top k, renormalised; Mixtral's products with the float32 weights and
+    their sum in float32, rounded once; Qwen3-MoE's weights rounded to the dtype first, products and sum in it. The
+    control: the other rounding order (expert_weight_round flipped) gives other bits."""
+    theirs = moe_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path).to(torch.bfloat16)
+    theirs = theirs.to(torch.bfloat16)
+    other = Transformer(dataclasses.replace(ours.cfg, expert_weight_round=not ours.cfg.expert_weight_round))
+    other.load_state_dict(ours.state_dict())
+    x = torch.randn(1, 50, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    with torch.no_grad():
+        want = theirs.model.layers[0].mlp(x)
+        assert torch.equal(ours.layers[0].feed_forward(x), want)
+        assert not torch.equal(other.to(torch.bfloat16).layers[0].feed_forward(x), want)
