@@ -11,11 +11,12 @@ from torch import nn
 
 # The invariant (lossless methods equal AR token for token): a row's output never depends on which rows share its
 # forward (an AR step has 1 row, a verify or a tree many). So (1) the router, softmax and top-k work on each row alone;
-# (2) an expert's products over the rows routed to it give each row the bits it gets over any other rows (the model's
-# linears are row-invariant: CPU kernels compute an output row from its input row, GPU ones run in fixed-shape slices,
-# models/sliced_linear.py; tests/models/test_moe.py checks it for float32 and bfloat16); (3) a row's k weighted
-# contributions go into its own [k, dim] slots, by top-k slot, and are summed over them by one reduction of a
-# [T, k, dim] buffer (each (row, dim) over its k values alone), never by atomics or an order another row could
+# (2) an expert's products over the rows routed to it give each row the bits it gets over any other rows, wherever the
+# model's products are row-invariant (on a GPU fixed-shape slices, models/sliced_linear.py; int4/int8: qmm.c computes
+# each row alone; tested in float32 and bfloat16 in tests/models/test_moe.py). torch's float32 CPU products are not
+# always (MKL's one-row path rounds otherwise): a limit every dense product shares (docs/architectures.md); (3) a row's
+# k weighted contributions go into its own [k, dim] slots, by top-k slot, and are summed over them by one reduction
+# of a [T, k, dim] buffer (each (row, dim) over its k values alone), never by atomics or an order another row could
 # change. transformers 5's default experts forward (grouped_mm) sums so too: the same bits in bfloat16 (tested).
 
 _STATIC: ContextVar[bool] = ContextVar("specgen_static_routing", default=False)
