@@ -132,6 +132,9 @@ OLMO2 = dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_span="a
 # Granite over tiny_config's shape: Llama's block with its embeddings times 4 and its logits divided by 2 (its attention
 # and residual multipliers are folded into the weights at load, so a random model needs only these two fields), tied
 GRANITE = dict(embed_scale=4.0, logit_scale=2.0)
+# Mixtral's block over tiny_config's shape: Llama's attention, a routed feed-forward of 4 SwiGLU experts of ffn_dim, 2 a
+# token, their weights renormalised; untied (its class default)
+MOE = dict(n_experts=4, experts_per_token=2, expert_renorm=True, tie_embeddings=False)
 # sliding-window targets over tiny_config's shape, decoded well past their window: Gemma 3's block with its local
 # layer 0 sliding over 6 positions, and Mistral's kind (Llama's block, every layer sliding over 5)
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}

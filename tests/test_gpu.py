@@ -18,7 +18,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, OLMO2, SLIDING,
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, MOE, OLMO2, SLIDING,
                             method_drafter, tiny_model, unwindowed)
 
 pytestmark = pytest.mark.gpu
@@ -197,6 +197,9 @@ TARGETS = {
     # OLMo 2's: no pre-norms (no fused residual norms), sandwich norms, q and k normed over their whole projections
     # before the Triton rope
     "olmo2": (OLMO2, NEW),
+    # Mixtral's routed experts: eager forwards route each expert's rows (host reads), captured steps run every expert
+    # over every row and gather each row's k (models/moe.py: the same bits under row-invariant products)
+    "moe": (MOE, NEW),
     # (Granite's block runs no kernel these do not: Gemma 1's scaled embedding in Llama's block, a division in the
     # captured head; its CPU twin in tests/models/test_graphs.py. The gpu-tests step has 140 s for all of them)
     # local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their

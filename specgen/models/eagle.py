@@ -13,9 +13,11 @@ from specgen.models.transformer import (Block, Transformer, TransformerConfig, f
 
 
 def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
-    """The drafter's config: the target's block shape and RoPE, one layer, no class/caption embedding."""
+    """The drafter's config: the target's block shape and RoPE, one layer, no class/caption embedding; a dense
+    feed-forward of the experts' width where the target routes experts (a drafter is trained: its block is ours)."""
     return dataclasses.replace(target_cfg, n_layers=1, num_classes=0, caption_dim=0, tie_embeddings=False, cross_dim=0,
-                               nope_layers=(), local_layers=(), local_rope_theta=0.0, window=0)
+                               nope_layers=(), local_layers=(), local_rope_theta=0.0, window=0, n_experts=0,
+                               experts_per_token=0, expert_renorm=False, expert_weight_round=False)
 
 
 class EagleNet(nn.Module):

@@ -15,7 +15,8 @@ from specgen.models.transformer import TransformerConfig
 
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
                 "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half",
-                "granite": "interleaved"}  # granite: llama.cpp's NORM RoPE, q/k permuted by its (Llama's) converter
+                "granite": "interleaved",  # granite: llama.cpp's NORM RoPE, q/k permuted by its (Llama's) converter
+                "qwen3moe": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -181,6 +182,48 @@ def granite_fold(cfg: TransformerConfig, reader, source: str) -> Callable[[str, 
     return granite_scales(cfg, attention, residual, ("attn_q.weight", "attn_output.weight", "ffn_down.weight"))
 
 
+#: the architectures whose routed GGUFs load -> the key of their experts' width: llama (Mixtral: its feed-forward
+#: length), qwen3moe (every layer routed, as llama.cpp's qwen3moe graph builds it)
+ROUTED = {"llama": "feed_forward_length", "qwen3moe": "expert_feed_forward_length"}
+
+
+def expert_fields(reader, arch: str, source: str) -> dict:
+    """A routed GGUF's fields (`<arch>.expert_count` set: Mixtral's llama, qwen3moe): E experts, `expert_used_count` a
+    token, the k weights renormalised and scaled in float32 as llama.cpp's graphs do (softmax gating, norm_w true in
+    both, whatever the HF config's norm_topk_prob was); {} without experts. A weight scale other than 1 is refused."""
+    if not gguf_field(reader, f"{arch}.expert_count"):
+        return {}
+    if gguf_field(reader, f"{arch}.expert_weights_scale", 0.0) not in (0, 1):
+        raise UsageError(f"GGUF file {source} sets {arch}.expert_weights_scale="
+                         f"{gguf_field(reader, f'{arch}.expert_weights_scale')}: scaled expert weights are not "
+                         "implemented")
+    return {"n_experts": gguf_count(reader, f"{arch}.expert_count", source),
+            "experts_per_token": gguf_count(reader, f"{arch}.expert_used_count", source), "expert_renorm": True}
+
+
+def expert_slices(cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None], source: str
+                  ) -> tuple[set[str], Callable[[str], torch.Tensor | None]]:
+    """A GGUF's tensor names and getter with each [E, out, in] expert stack (`ffn_{gate,up,down}_exps.weight`) seen
+    as its E slices (`llama.EXPERT_NAMES`: the stack's name, a dot, the expert): a stack read once for its slices
+    (asked one after another), its shape checked against cfg."""
+    stacks = {n for n in names if n.endswith("_exps.weight")} if cfg.n_experts else set()
+    held: dict[str, torch.Tensor] = {}
+
+    def get(name: str) -> torch.Tensor | None:
+        whole, _, e = name.rpartition(".")
+        if whole not in stacks:
+            return stored(name)
+        if whole not in held:
+            held.clear()
+            held[whole] = stored(whole)
+        if held[whole].dim() != 3 or held[whole].shape[0] != cfg.n_experts:
+            raise CheckpointError(f"{source}: tensor {whole} has shape {list(held[whole].shape)}; its config gives "
+                                  f"{cfg.n_experts} experts [E, out, in]")
+        return held[whole][int(e)]
+
+    return (names - stacks) | {f"{n}.{e}" for n in stacks for e in range(cfg.n_experts)}, get
+
+
 #: an architecture -> (its TransformerConfig fields beyond Llama's, how its tensors become specgen's (cfg, reader,
 #: file name -> fold); None: as stored)
 GGUF_FIELDS = {
@@ -203,6 +246,10 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
                               ) from None
     if arch is None:  # a GGUF holds a model's weights under its architecture's names, or other data
         raise UsageError(f"GGUF file {path.name} names no general.architecture: not a model's weights")
+    experts = gguf_field(reader, f"{arch}.expert_count")
+    if experts and arch not in ROUTED:  # another architecture's routing as llama.cpp builds it is not mapped here
+        raise UsageError(f"GGUF file {path.name} sets {arch}.expert_count={experts}: a mixture of experts; specgen "
+                         f"loads routed GGUFs of {' and '.join(ROUTED)} only")
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}
@@ -234,7 +281,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     n_layers = gguf_count(reader, f"{arch}.block_count", path.name)
     step = NOPE_STEP.get(arch)
     fields, fold = GGUF_FIELDS.get(arch, (lambda *_: {}, None))
-    extra = fields(reader, path.name, dim, n_layers)
+    extra = fields(reader, path.name, dim, n_layers) | expert_fields(reader, arch, path.name)
     # the window slides the layers the architecture names (gemma3's local ones: `window_fields`); for another
     # architecture, whose sliding layers specgen does not place, it still caps the context (full attention below it)
     slides = window_fields(window, extra)
@@ -242,7 +289,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=gguf_count(reader, f"{arch}.attention.head_count_kv", path.name, n_heads),
-            ffn_dim=gguf_count(reader, f"{arch}.feed_forward_length", path.name),
+            ffn_dim=gguf_count(reader, f"{arch}.{ROUTED.get(arch, 'feed_forward_length')}", path.name),
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
             norm_eps=gguf_positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", path.name, 1e-5),
             rope_theta=gguf_positive(reader, f"{arch}.rope.freq_base", path.name, 10000.0),
@@ -267,7 +314,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             progress(next(done), len(tensors))
         return data
 
-    names, get = unfused(arch, "gguf", cfg, set(tensors), stored, path.name)
+    names, get = unfused(arch, "gguf", cfg, *expert_slices(cfg, set(tensors), stored, path.name), path.name)
     if fold is not None:
         get = folded(get, fold(cfg, reader, path.name))
     return Loaded(cfg, remap(cfg, names, get, "gguf", path.name), context)  # remap: refuses a stray tensor

@@ -1,5 +1,5 @@
 """A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2,
-Granite) of a specgen Transformer's weights (the `hf` row)."""
+Granite, Mixtral, Qwen3-MoE) of a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,43 @@ def hf_state(model: Transformer) -> dict[str, torch.Tensor]:
                 for i in range(cfg.n_layers)}
     if gemma_block(cfg):
         out = {name: t - 1 if name.endswith("norm.weight") else t for name, t in out.items()}
+    out = stacked_experts(out, cfg) if cfg.n_experts else out
     return fused(out, "Phi3ForCausalLM") if cfg.rope_dim else out
+
+
+def stacked_experts(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tensor]:
+    """Per-expert HF tensors (`llama.EXPERT_NAMES`) as transformers 5's live MoE parameters: each layer's
+    `mlp.experts.gate_up_proj` [E, 2 I, dim] (an expert's gate rows, then its up rows) and `down_proj` [E, dim, I]."""
+    out = dict(state)
+    for i in range(cfg.n_layers):
+        pre = f"model.layers.{i}.mlp.experts."
+        take = lambda e, part: out.pop(f"{pre}{e}.{part}_proj.weight")  # noqa: E731
+        out[pre + "gate_up_proj"] = torch.stack([torch.cat([take(e, "gate"), take(e, "up")])
+                                                 for e in range(cfg.n_experts)])  # [E, 2 I, dim]
+        out[pre + "down_proj"] = torch.stack([take(e, "down") for e in range(cfg.n_experts)])  # [E, dim, I]
+    return out
+
+
+def moe(cfg, common: dict):
+    """transformers' Qwen3MoeForCausalLM (q/k norms; norm_topk_prob from `cfg.expert_renorm`) or MixtralForCausalLM
+    (Llama's attention, the k weights always renormalised) of a routed config; every layer routed. A config neither
+    can express is a ValueError. (Exports are float32, where rounding the weights before they scale changes no bit.)"""
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # (optional)
+
+    if (cfg.sandwich_norms or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or cfg.qkv_bias
+            or cfg.nope_layers or cfg.rope_dim or cfg.local_rope_theta or cfg.attn_softcap or cfg.logit_softcap
+            or cfg.logit_scale != 1 or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type")
+            == "factors" or not (cfg.qk_norm or cfg.expert_renorm)):
+        raise ValueError("to_hf exports routed experts as Mixtral or Qwen3-MoE: Llama's block (with Qwen3's q/k "
+                         "norms, or with the k weights renormalised: Mixtral's), a SwiGLU gate, no scales, caps, "
+                         "biases, NoPE layers or partial RoPE, whole-head rotate-half RoPE")
+    routing = dict(num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
+                   bos_token_id=None, eos_token_id=None, **sliding(cfg, every=True))
+    if cfg.qk_norm:
+        return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+            **common, **routing, num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_dim, norm_topk_prob=cfg.expert_renorm,
+            use_sliding_window=bool(cfg.window), attention_bias=False, decoder_sparse_step=1, mlp_only_layers=[]))
+    return MixtralForCausalLM(MixtralConfig(**common, **routing, num_local_experts=cfg.n_experts))
 
 
 def gemma_block(cfg) -> bool:
@@ -209,7 +245,9 @@ def to_hf(model: Transformer):
         raise ValueError("to_hf exports q/k norms over whole projections as OLMo 2, whose block has no pre-norms")
     if cfg.logit_scale != 1 and not granite_block(cfg):  # only Granite's class divides the logits
         raise ValueError("to_hf exports a logit divisor as Granite, whose block is Llama's (pre-norms only, SwiGLU)")
-    if not cfg.pre_norms:
+    if cfg.n_experts:
+        hf = moe(cfg, common)
+    elif not cfg.pre_norms:
         hf = olmo2(cfg, common)
     elif granite_block(cfg):
         hf = granite(cfg, common)

@@ -38,6 +38,12 @@ HF_ARCHITECTURES = {
     "Olmo2ForCausalLM": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5},
     # Granite 3.x dense (2B, 8B): Llama's block and class defaults, four multipliers (granite_fields, granite_fold)
     "GraniteForCausalLM": {"max_position_embeddings": 2048},
+    # Mixtral (8x7B, 8x22B): Mistral's attention, a routed feed-forward of 8 experts, 2 a token (expert_fields)
+    "MixtralForCausalLM": {"max_position_embeddings": 131072, "num_key_value_heads": 8, "rope_theta": 1000000.0,
+                           "rms_norm_eps": 1e-5, "num_local_experts": 8, "num_experts_per_tok": 2},
+    # Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3's attention (q/k norms), 128 experts of 768, 8 a token (expert_fields)
+    "Qwen3MoeForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "num_local_experts": 128,
+                            "num_experts_per_tok": 8, "moe_intermediate_size": 768},
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
 # FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
@@ -46,7 +52,8 @@ BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm"
           "Gemma2ForCausalLM": {"sandwich_norms": True, "ffn_act": "gelu_tanh"},  # Gemma 3's, without q/k norms
           "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"},
           # OLMo 2: no norm before the sublayers, each output normed before its add, q and k normed whole
-          "Olmo2ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False}}
+          "Olmo2ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False},
+          "Qwen3MoeForCausalLM": {"qk_norm": True}}
 # an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
 # Gemma 1's legacy "gelu" is read by its class as the tanh approximation
 # Gemma 2's and 3's classes read only hidden_activation (a hidden_act beside it is ignored, as in their config.json)
@@ -66,7 +73,8 @@ SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalL
             "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention"),
-            "Olmo2ForCausalLM": ("attention_bias",), "GraniteForCausalLM": ("attention_bias", "mlp_bias")}
+            "Olmo2ForCausalLM": ("attention_bias",), "GraniteForCausalLM": ("attention_bias", "mlp_bias"),
+            "Qwen3MoeForCausalLM": ("attention_bias",)}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
            # (Gemma 3's: its transformers class keeps the key but caps no score; the config says another model)
            "attn_logit_softcapping": "transformers' Gemma3ForCausalLM ignores this cap, which its config sets: which "
@@ -366,7 +374,11 @@ SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": ev
            "SmolLM3ForCausalLM": smollm3_sliding,
            "Gemma2ForCausalLM": lambda raw: gemma_sliding(raw, gemma2_layer_types(raw)),
            "Gemma3ForCausalLM": lambda raw: gemma_sliding(raw, gemma3_layer_types(raw)),
-           "Qwen2ForCausalLM": qwen_sliding, "Qwen3ForCausalLM": qwen_sliding}
+           "Qwen2ForCausalLM": qwen_sliding, "Qwen3ForCausalLM": qwen_sliding,
+           "MixtralForCausalLM": every_layer_slides(None),  # its class: every layer, where a window is set
+           # Qwen3-MoE's class: every layer, only with use_sliding_window (its config drops the window otherwise)
+           "Qwen3MoeForCausalLM": lambda raw: every_layer_slides(4096)(raw) if raw.get("use_sliding_window") else (
+               None, ())}
 
 
 def layer_kinds(raw: dict) -> set[str]:
@@ -494,9 +506,51 @@ def granite_fields(raw: dict) -> tuple[dict, dict]:
     return raw, {"embed_scale": m["embedding_multiplier"], "logit_scale": m["logits_scaling"]}
 
 
+def expert_count(raw: dict, arch: str) -> int:
+    """A MoE config's experts: `num_local_experts`, or `num_experts` (Qwen3-MoE's config.json; both classes map the
+    one name to the other), else the class default; 0 (Qwen3-MoE: every layer dense) or a positive int."""
+    key = next((k for k in ("num_local_experts", "num_experts") if raw.get(k) is not None), "num_local_experts")
+    n = raw.get(key, HF_ARCHITECTURES[arch]["num_local_experts"])
+    return 0 if n == 0 and arch == "Qwen3MoeForCausalLM" else count(key, n)
+
+
+def expert_fields(raw: dict, arch: str, width_key: str, renorm: bool, weights_rounded: bool) -> tuple[dict, dict]:
+    """A MoE config as hf_config reads it: its experts' width (`width_key`) as the feed-forward's (intermediate_size,
+    which no layer of theirs reads), and the routing fields: E experts, k a token (`num_experts_per_tok`),
+    `renorm` (the k weights renormalised) and whether the weights are rounded to the activation dtype before they
+    scale (`weights_rounded`). The router's training knobs (aux loss, jitter) change no inference: ignored."""
+    defaults = HF_ARCHITECTURES[arch]
+    n = expert_count(raw, arch)
+    if not n:  # Qwen3-MoE without experts: every layer its dense MLP of intermediate_size (Qwen3's block)
+        return raw, {}
+    k = count("num_experts_per_tok", raw.get("num_experts_per_tok", defaults["num_experts_per_tok"]))
+    if k > n:
+        raise CheckpointError(f"config.json sets num_experts_per_tok={k}: more than its {n} experts")
+    width = count(width_key, raw.get(width_key, defaults.get(width_key)) if width_key in defaults else raw[width_key])
+    return {**raw, "intermediate_size": width}, {"n_experts": n, "experts_per_token": k, "expert_renorm": renorm,
+                                                 "expert_weight_round": weights_rounded}
+
+
+def qwen3_moe_fields(raw: dict) -> tuple[dict, dict]:
+    """A Qwen3-MoE config: Qwen3's keys, experts of moe_intermediate_size in every layer (a dense layer,
+    `mlp_only_layers` or a `decoder_sparse_step` other than 1, refused), renormalised by norm_topk_prob (default
+    false), the k weights rounded to the activation dtype before they scale (its router's cast)."""
+    if raw.get("mlp_only_layers"):
+        raise refuse("mlp_only_layers", raw["mlp_only_layers"], "dense layers among routed ones are not implemented")
+    if raw.get("decoder_sparse_step", 1) != 1 and expert_count(raw, "Qwen3MoeForCausalLM"):
+        raise refuse("decoder_sparse_step", raw["decoder_sparse_step"], "dense layers among routed ones (every "
+                     "layer but each decoder_sparse_step-th) are not implemented")
+    renorm = raw.get("norm_topk_prob", False)
+    if type(renorm) is not bool:
+        raise CheckpointError(f"config.json sets norm_topk_prob={json.dumps(renorm)}: not true or false")
+    return expert_fields(raw, "Qwen3MoeForCausalLM", "moe_intermediate_size", renorm, True)
+
+
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
 FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields,
-          "GraniteForCausalLM": granite_fields}
+          "GraniteForCausalLM": granite_fields, "Qwen3MoeForCausalLM": qwen3_moe_fields,
+          # Mixtral: experts of intermediate_size, the k weights always renormalised, scaling in float32
+          "MixtralForCausalLM": lambda raw: expert_fields(raw, "MixtralForCausalLM", "intermediate_size", True, False)}
 
 
 def gemma_norms(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -576,6 +630,17 @@ SANDWICH_NAMES = {
     "ffn_out_norm.weight": ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
 }
 LAYER_PREFIX = {"hf": "model.layers.{i}.", "gguf": "blk.{i}."}
+# a routed feed-forward's tensors (cfg.n_experts) under feed_forward.: its router and each expert's ("{e}") gate, up and
+# down projections -> (HF name, as Qwen3-MoE's checkpoints and transformers 5's save_pretrained write them, per
+# expert; GGUF name, expert e's slice of llama.cpp's [E, out, in] stack: `expert_slices`)
+EXPERT_NAMES = {"gate.weight": ("mlp.gate.weight", "ffn_gate_inp.weight"),
+                "experts.{e}.w1.weight": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight.{e}"),
+                "experts.{e}.w3.weight": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight.{e}"),
+                "experts.{e}.w2.weight": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight.{e}")}
+# an architecture -> its checkpoints' name parts for EXPERT_NAMES' (Mixtral's legacy names, which transformers 5 still
+# saves), each a part of a tensor under `block_sparse_moe.` -> the part the loader reads
+RENAMED = {"MixtralForCausalLM": {"block_sparse_moe.": "mlp.", ".w1.weight": ".gate_proj.weight",
+                                  ".w3.weight": ".up_proj.weight", ".w2.weight": ".down_proj.weight"}}
 
 
 def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
@@ -591,6 +656,10 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
 
     out = {ours: names(theirs[col]) for ours, theirs in TOP_NAMES.items()}
     layer_names = LAYER_NAMES | SANDWICH_NAMES if cfg.sandwich_norms else LAYER_NAMES
+    if cfg.n_experts:  # the dense projections' places taken by the router's and the experts'
+        layer_names = {ours: theirs for ours, theirs in layer_names.items() if not ours.startswith("feed_forward.")}
+        layer_names |= {f"feed_forward.{ours.format(e=e)}": tuple(name.format(e=e) for name in theirs)
+                        for ours, theirs in EXPERT_NAMES.items() for e in range(cfg.n_experts)}
     for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
                 for ours, theirs in layer_names.items()}
@@ -690,7 +759,7 @@ def load_hf_folder(folder: Path) -> Loaded:
             return h.get_tensor(name).float()
 
     arch = (raw.get("architectures") or ["?"])[0]
-    names, get = unfused(arch, "hf", cfg, set(index), stored, folder.name)
+    names, get = unfused(arch, "hf", cfg, *renamed(arch, set(index), stored), folder.name)
     if arch in FOLDS:
         get = folded(get, FOLDS[arch](raw, cfg))
     if cfg.tie_embeddings and "lm_head.weight" in index and not torch.equal(get("lm_head.weight"),
@@ -698,6 +767,25 @@ def load_hf_folder(folder: Path) -> Loaded:
         # transformers (5.x) does not tie a stored head that differs from the embedding: it uses the stored head
         cfg = dataclasses.replace(cfg, tie_embeddings=False)
     return Loaded(cfg, remap(cfg, names, get, "hf", folder.name), declared_context(raw))
+
+
+def renamed(arch: str, names: set[str], stored: Callable[[str], torch.Tensor | None]
+            ) -> tuple[set[str], Callable[[str], torch.Tensor | None]]:
+    """A checkpoint's tensor names and getter with `arch`'s own expert names (`RENAMED`) seen as the loader's."""
+    parts = RENAMED.get(arch, {})
+    if not parts:
+        return names, stored
+    first = next(iter(parts))
+
+    def ours(name: str) -> str:
+        if first not in name:
+            return name
+        for theirs, mine in parts.items():
+            name = name.replace(theirs, mine)
+        return name
+
+    source = {ours(n): n for n in names}
+    return set(source), lambda name: stored(source[name]) if name in source else None
 
 
 def folded(get: Callable[[str], torch.Tensor | None], fold: Callable[[str, torch.Tensor], torch.Tensor]

@@ -66,8 +66,8 @@ NORMS = ("attention_norm", "cross_norm", "ffn_norm")  # a block's RMSNorms (cros
 def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
     """The block's product kind where this forward may run here, else None: grad mode off, a NativePlan that places
     the new keys (with its condition's K/V if the block cross-attends), Llama's block (pre-norms, no q/k norms,
-    sandwich norms or gate other than SwiGLU: the kernels implement none of them), native norms in the kind's dtype,
-    and every product of that kind and native at this row count."""
+    sandwich norms, gate other than SwiGLU or routed experts: the kernels implement none of them), native norms in the
+    kind's dtype, and every product of that kind and native at this row count."""
     if type(mask) is not NativePlan or mask.slots is None or torch.is_grad_enabled():
         return None
     mods = blk._modules  # past nn.Module.__getattr__, as `linears`
@@ -75,7 +75,7 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
     kind = KINDS.get(type(lins[0]))
     cfg = mods["attention"].cfg
     if (kind is None or x.dtype != kind.dtype or x.device.type != "cpu" or cfg.qk_norm or cfg.sandwich_norms
-            or not cfg.pre_norms or cfg.ffn_act != "silu"
+            or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.n_experts
             or (cross_kv is not None) != ("cross_attention" in mods) or native.library("glue") is None
             or any(mods[n]._parameters["weight"].dtype != x.dtype for n in NORMS if n in mods)):
         return None

@@ -15,7 +15,8 @@ from specgen import devices
 from specgen.errors import UsageError
 from specgen.models import native_block, prompt
 from specgen.models.kernel_choice import quantized_product
-from specgen.models.transformer import ACTIVATIONS, Transformer, TransformerConfig
+from specgen.models.moe import MoEFeedForward
+from specgen.models.transformer import ACTIVATIONS, FeedForward, Transformer, TransformerConfig
 from specgen.native import ops
 
 GROUPS = (32, 64, 128, 256)  # int4 group sizes the CPU kernel accepts
@@ -318,17 +319,34 @@ class QuantizedEmbedding(nn.Module):
         return self.qweight[ids].to(ACT_DTYPE) * self.scales[ids].unsqueeze(-1)
 
 
+def quantized_ffn(ffn: FeedForward, quantized, mode: str, group: int) -> QuantizedFeedForward:
+    """A dense feed-forward (w1, w3, w2 without biases) as a QuantizedFeedForward; w13: [2 * hidden, dim]."""
+    w13 = quantized(_as_linear(ffn.w1.weight, ffn.w3.weight), mode, group)
+    return QuantizedFeedForward(w13, quantized(ffn.w2, mode, group), ffn.act)
+
+
+def quantized_experts(ffn: MoEFeedForward, quantized, mode: str, group: int) -> MoEFeedForward:
+    """A routed feed-forward with each expert quantized as a dense one (`quantized_ffn`: qmm.c computes every row
+    alone, so an expert's rows stay row-invariant); its router stays a float Linear (bfloat16 with the norms: a
+    quantized router's rounding would send rows to other experts)."""
+    ffn.experts = nn.ModuleList(quantized_ffn(expert, quantized, mode, group) for expert in ffn.experts)
+    return ffn
+
+
+#: a block's feed-forward class -> how `swap_layers` quantizes it
+QUANTIZED_FFNS = {FeedForward: quantized_ffn, MoEFeedForward: quantized_experts}
+
+
 def swap_layers(model: Transformer, quantized, mode: str, group: int) -> None:
     """In place: each block's (cross-)attention Linears -> `quantized(lin, mode, group)`, its feed-forward -> a
-    QuantizedFeedForward of two, and the head and embedding -> int8 ones (tied when the model ties them)."""
+    QuantizedFeedForward of two (routed: each expert's, `QUANTIZED_FFNS`), and the head and embedding -> int8 ones
+    (tied when the model ties them)."""
     for blk in model.layers:
         for parent in (blk.attention,) + ((blk.cross_attention,) if hasattr(blk, "cross_attention") else ()):
             for name, lin in list(parent.named_children()):
                 if isinstance(lin, nn.Linear):
                     setattr(parent, name, quantized(lin, mode, group))
-        ffn = blk.feed_forward  # w1, w3, w2 without biases; w13: [2 * hidden, dim]
-        w13 = quantized(_as_linear(ffn.w1.weight, ffn.w3.weight), mode, group)
-        blk.feed_forward = QuantizedFeedForward(w13, quantized(ffn.w2, mode, group), ffn.act)
+        blk.feed_forward = QUANTIZED_FFNS[type(blk.feed_forward)](blk.feed_forward, quantized, mode, group)
     head = quantized(model.output, "int8", 0)
     table = head if model.cfg.tie_embeddings else quantized(_as_linear(model.tok_embeddings.weight), "int8", 0)
     model.output, model.tok_embeddings = head, QuantizedEmbedding(table)

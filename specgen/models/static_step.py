@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from specgen.models import kernel_choice
 from specgen.models.attention import NativePlan, chain_plan, in_window, key_positions, native_plan
 from specgen.models.kernel_choice import attention_path
+from specgen.models.moe import static_routing
 from specgen.models.rope import Rotation, rows_rotation
 from specgen.models.transformer import additive_mask, deferrable, layer_rotations
 
@@ -195,14 +196,15 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
     cache, r = StaticCache(x, k, v, width), x.tokens.shape[0]
     # each layer's condition K/V: the bucket's first R rows of the static buffer
     conds = [None] * len(module.layers) if cross is None else [(ck[:r], cv[:r]) for ck, cv in cross]
-    if deferrable(module.cfg, h, module.layers[0].ffn_norm):  # each residual add in the next norm
-        f = None
+    with static_routing():  # routed experts (models/moe.py) by their shape-static path: the routed one's bits
+        if deferrable(module.cfg, h, module.layers[0].ffn_norm):  # each residual add in the next norm
+            f = None
+            for i, (blk, cond) in enumerate(zip(module.layers, conds)):
+                h, f = blk.deferred(h, f, rots[i], i, cache, masks[i], False, cond)
+            return h, f
         for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-            h, f = blk.deferred(h, f, rots[i], i, cache, masks[i], False, cond)
-        return h, f
-    for i, (blk, cond) in enumerate(zip(module.layers, conds)):
-        h = blk(h, rots[i], i, cache, masks[i], False, cond)
-    return h, None
+            h = blk(h, rots[i], i, cache, masks[i], False, cond)
+        return h, None
 
 
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,

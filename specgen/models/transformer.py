@@ -17,6 +17,7 @@ from specgen.models.attention import (PLANS, NativePlan, capped_attention, in_wi
                                       key_positions, native_self_attention, plan)
 from specgen.models.cache import KVCache
 from specgen.models.kernel_choice import attention_path, native_norms
+from specgen.models.moe import MoEFeedForward
 from specgen.models.rope import (PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, still, table_1d,
                                  table_2d)
 
@@ -59,6 +60,10 @@ class TransformerConfig:
     logit_softcap: float = 0.0  # > 0: Gemma 2: each logit z becomes cap tanh(z / cap) (`Transformer.logits`)
     logit_scale: float = 1.0  # Granite's logits_scaling: each logit divided by it (`Transformer.logits`; a tied head
     # is the embedding too, so no weight can hold it)
+    n_experts: int = 0  # > 0: each block's feed-forward routes a row to experts_per_token of this many (models/moe.py)
+    experts_per_token: int = 0  # k, with n_experts (each expert a SwiGLU of ffn_dim)
+    expert_renorm: bool = False  # the k router weights renormalised to sum 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
+    expert_weight_round: bool = False  # the k weights rounded to the activation dtype before they scale (Qwen3-MoE)
 
     def __post_init__(self) -> None:
         flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
@@ -81,6 +86,7 @@ class TransformerConfig:
             raise ValueError(f"nope_layers {list(self.nope_layers)} must be distinct increasing layer numbers below "
                              f"n_layers {self.n_layers}, in a 1D RoPE model")
         self.check_gemma_fields()
+        self.check_expert_fields()
         if not (type(self.qk_norm_span) is str and self.qk_norm_span in QK_NORM_SPANS) or (
                 self.qk_norm_span != "head" and not self.qk_norm):
             raise ValueError(f"qk_norm_span {self.qk_norm_span!r} must be one of {', '.join(QK_NORM_SPANS)}, and "
@@ -121,6 +127,18 @@ class TransformerConfig:
                              f"positive local_rope_theta ({self.local_rope_theta}), and those need local_layers")
         if (self.local_layers or self.sandwich_norms) and (self.rope_grid or self.cross_dim):
             raise ValueError("local_layers and sandwich_norms are for 1D text models without cross-attention")
+
+    def check_expert_fields(self) -> None:
+        """A routed feed-forward's fields (models/moe.py): a count of experts (0: none), k of them per token, and the
+        routing flags only with experts."""
+        if type(self.n_experts) is not int or self.n_experts < 0:
+            raise ValueError(f"n_experts {self.n_experts!r} is not a count of experts (a positive int, or 0: none)")
+        if type(self.experts_per_token) is not int or not (
+                1 <= self.experts_per_token <= self.n_experts if self.n_experts else self.experts_per_token == 0):
+            raise ValueError(f"experts_per_token {self.experts_per_token!r} must be 1 to n_experts "
+                             f"({self.n_experts}) with experts, 0 without")
+        if not self.n_experts and (self.expert_renorm or self.expert_weight_round):
+            raise ValueError("expert_renorm and expert_weight_round route experts: they need n_experts")
 
     @property
     def hd(self) -> int:
@@ -275,10 +293,10 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm block: self-attention, optional cross-attention, SwiGLU; with `cfg.sandwich_norms` (Gemma) each
-    sublayer's output is normed again before its residual add (attention_out_norm, ffn_out_norm; else identities);
-    without `cfg.pre_norms` (OLMo 2) the sublayers read the residual stream unnormed (attention_norm, ffn_norm:
-    identities)."""
+    """Pre-norm block: self-attention, optional cross-attention, SwiGLU (routed experts: `cfg.n_experts`); with
+    `cfg.sandwich_norms` (Gemma) each sublayer's output is normed again before its residual add (attention_out_norm,
+    ffn_out_norm; else identities); without `cfg.pre_norms` (OLMo 2) the sublayers read the residual stream unnormed
+    (attention_norm, ffn_norm: identities)."""
 
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
@@ -289,7 +307,8 @@ class Block(nn.Module):
             self.cross_norm = RMSNorm(cfg.dim, cfg.norm_eps)
             self.cross_attention = CrossAttention(cfg.dim, cfg.cross_dim, cfg.n_heads, cfg.hd)
         self.ffn_norm = pre_norm()
-        self.feed_forward = FeedForward(cfg)
+        # routed experts where the config has them (each a FeedForward), else the one dense FeedForward
+        self.feed_forward = MoEFeedForward(cfg, FeedForward) if cfg.n_experts else FeedForward(cfg)
         out_norm = (lambda: RMSNorm(cfg.dim, cfg.norm_eps)) if cfg.sandwich_norms else nn.Identity  # no parameters
         self.attention_out_norm, self.ffn_out_norm = out_norm(), out_norm()
 

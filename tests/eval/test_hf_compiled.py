@@ -15,7 +15,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from tests.cli.test_cli_bench_prompts import BENCH
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
-from tests.conftest import GEMMA2, GRANITE, OLMO2, tiny_model, unwindowed
+from tests.conftest import GEMMA2, GRANITE, MOE, OLMO2, tiny_model, unwindowed
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -103,3 +103,21 @@ def test_the_benchmark_row_equals_ar(compiled, tiny_target, monkeypatch):  # noq
     assert r.exit_code == 0, r.output
     rows = {row["method"]: row for row in json.loads(r.stdout)}
     assert rows["hf-compiled"]["exact_match_vs_ar"] == 1.0 and rows["hf-compiled"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("over,cls", [(MOE, "MixtralForCausalLM"),
+                                      ({**MOE, "qk_norm": True, "expert_renorm": False}, "Qwen3MoeForCausalLM")])
+def test_the_hf_rows_of_a_moe_target_decode_what_ar_decodes(over, cls):
+    """A routed target exports as transformers' Mixtral (the k weights renormalised) or Qwen3-MoE (q/k norms), whose
+    `hf`, `hf-lookup` and `hf-compiled` (uncompiled here) rows decode AR's tokens. Control: AR of the same weights
+    routing one expert a token decodes others."""
+    model = tiny_model(0, **over)
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 30, SamplingParams()).results[0].tokens
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == cls
+    got = [timed_static_greedy(hf, one_token, PROMPT, 30)[0], generate_padded(hf, [PROMPT], 30)[0][0],
+           generate_padded(hf, [PROMPT], 30, prompt_lookup_num_tokens=10)[0][0]]
+    assert got == [list(ar)] * 3
+    other = tiny_model(0, **{**over, "experts_per_token": 1})
+    assert run_batch(ModelTarget(other), lambda i: EmptyDrafter(), [PROMPT], 30,
+                     SamplingParams()).results[0].tokens != ar

@@ -43,7 +43,8 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
     """A GGUF of specgen weights in HF's rotate-half layout, as llama.cpp's converter writes one: for `llama`,
     `smollm3` and `granite` (their converters are Llama's), q and k rows permuted to interleaved rotary pairs (`qwen2`,
     `qwen3`, `phi3`, `gemma3` keep the halves; `phi3` fuses q, k, v into attn_qkv and gate, up into ffn_up; `gemma3`'s
-    norms are specgen's 1 + w, which its converter writes); `extra` tensors (name -> float32 array) besides; `keys`:
+    norms are specgen's 1 + w, which its converter writes; routed experts stacked [E, out, in], Mixtral's); `extra`
+    tensors (name -> float32 array) besides; `keys`:
     more metadata, by the writer's `add_<key>` (sliding_window=4, rope_scaling_type="yarn", ...; a callable writes the
     key its own way: `lambda w: None` leaves it out)."""
     w = GGUFWriter(str(path), arch)
@@ -58,6 +59,9 @@ def write_gguf(path, cfg, state: dict[str, torch.Tensor], extra: dict | None = N
         tensors |= dict(zip(theirs, state[ours].split(sizes) if len(theirs) == 3 else (state[ours],)))
     for name in [n for n in tensors if n.endswith(("attn_q.weight", "attn_k.weight")) and cfg.rope_dim]:
         tensors[name] = per_head(tensors[name], spread_order(cfg.hd, cfg.rope_dim).argsort())  # HF's order
+    for name in sorted(n for n in tensors if re.search(r"_exps\.weight\.0$", n)):  # experts: llama.cpp's [E, out, in]
+        whole = name.removesuffix(".0")
+        tensors[whole] = torch.stack([tensors.pop(f"{whole}.{e}") for e in range(cfg.n_experts)])
     if arch == "phi3":
         for i in range(cfg.n_layers):
             b = f"blk.{i}."
@@ -623,3 +627,108 @@ def test_a_granite_gguf_that_llama_cpp_builds_otherwise_is_refused_in_one_line(k
     with pytest.raises((UsageError, CheckpointError), match=says) as err:
         load_gguf(path)
     assert "\n" not in str(err.value)
+
+
+
+
+def test_a_qwen3moe_gguf_decodes_as_transformers_qwen3_moe_does_with_norm_topk_prob(tmp_path):
+    """A qwen3moe GGUF (q/k rows in halves, per-head q/k norms, `qwen3moe.expert_feed_forward_length` the experts'
+    width, stacks [E, out, in]) gives transformers' Qwen3-MoE logits where norm_topk_prob is true: llama.cpp's
+    qwen3moe graph always renormalises the k weights, so a checkpoint without it converts to that model; the control:
+    its own (unrenormalised) transformers logits differ."""
+    from tests.models.test_hf_configs import moe_model
+
+    for renorm in (True, False):
+        theirs = moe_model("Qwen3MoeForCausalLM", norm_topk_prob=renorm)
+        theirs.save_pretrained(tmp_path)
+        loaded = load_hf_folder(tmp_path)
+        path = tmp_path / "qwen3moe.gguf"
+        write_gguf(path, loaded.cfg, loaded.state, arch="qwen3moe", expert_count=4, expert_used_count=2,
+                   expert_feed_forward_length=24)
+        got = load_gguf(path)
+        cfg = got.cfg
+        assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.ffn_dim) == (4, 2, True, 24)
+        ours = Transformer(got.cfg).eval()
+        ours.load_state_dict(got.state)
+        x = tokens(60)
+        gap = (logits(ours, x) - logits(theirs, x)).abs().max()
+        assert gap < 1e-4 if renorm else gap > 1e-2
+        if renorm:
+            torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+
+
+def test_a_mixtral_gguf_decodes_as_transformers_mixtral(tmp_path):
+    """A Mixtral GGUF as llama.cpp's converter writes one (llama, `llama.expert_count` and `expert_used_count`, the
+    router `ffn_gate_inp`, each layer's experts stacked [E, out, in] in `ffn_{gate,up,down}_exps`, q/k rows permuted)
+    gives transformers' Mixtral logits (the k weights renormalised, as llama.cpp's llama graph does); control: a stack
+    read with its experts reversed is visibly wrong."""
+    from tests.models.test_hf_configs import moe_model
+
+    theirs = moe_model("MixtralForCausalLM")
+    theirs.save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    path = tmp_path / "mixtral.gguf"
+    write_gguf(path, loaded.cfg, loaded.state, expert_count=4, expert_used_count=2)
+    got = load_gguf(path)
+    assert (got.cfg.n_experts, got.cfg.experts_per_token, got.cfg.expert_renorm) == (4, 2, True)
+    ours = Transformer(got.cfg).eval()
+    ours.load_state_dict(got.state)
+    x = tokens(60)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    flip = lambda m: f"experts.{3 - int(m.group(1))}."  # noqa: E731 - expert j's weights under 3 - j
+    flipped = {re.sub(r"experts\.(\d+)\.", flip, k): v for k, v in got.state.items()}
+    ours.load_state_dict(flipped)
+    assert (logits(ours, x) - logits(theirs, x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("case,says", [("three-experts", "has shape \\[3, 32\\]; its config gives \\[4, 32\\]"),
+                                       ("no-used-count", "^GGUF file bad.gguf lacks llama.expert_used_count$")])
+def test_a_mixtral_gguf_with_stacks_of_other_experts_or_no_used_count_is_one_line(case, says, tmp_path):
+    """A Mixtral GGUF whose tensors hold 3 experts where `llama.expert_count` says 4, or without
+    `llama.expert_used_count` (llama.cpp requires it), is refused in one line."""
+    from tests.models.test_hf_configs import moe_model
+
+    moe_model("MixtralForCausalLM").save_pretrained(tmp_path)
+    cfg, state = load_hf_folder(tmp_path).cfg, load_hf_folder(tmp_path).state
+    if case == "three-experts":
+        cfg = dataclasses.replace(cfg, n_experts=3)
+        state = {k: v[:3] if k.endswith("gate.weight") else v for k, v in state.items() if ".experts.3." not in k}
+    keys = dict(expert_count=4) | ({} if case == "no-used-count" else dict(expert_used_count=2))
+    write_gguf(tmp_path / "bad.gguf", cfg, state, **keys)
+    with pytest.raises(CheckpointError, match=says) as err:
+        load_gguf(tmp_path / "bad.gguf")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "deepseek2"])
+def test_a_mixture_of_experts_gguf_other_than_mixtrals_is_refused_in_one_line(arch, tmp_path):
+    """A routed GGUF of another architecture than llama (Mixtral's), a router `ffn_gate_inp` and 3-D expert stacks
+    per layer, is refused in one line naming the key and where such models load (HF folders), never loaded with its
+    experts dropped, even beside dense FFN tensors a dense reading would take."""
+    theirs = hf_model("LlamaForCausalLM")
+    theirs.save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    e, cfg = 4, loaded.cfg
+    stacks = {f"blk.{i}.{name}": np.random.rand(*shape).astype(np.float32) for i in range(cfg.n_layers)
+              for name, shape in (("ffn_gate_inp.weight", (e, cfg.dim)), ("ffn_gate_exps.weight", (e, 48, cfg.dim)),
+                                  ("ffn_up_exps.weight", (e, 48, cfg.dim)), ("ffn_down_exps.weight", (e, cfg.dim, 48)))}
+    path = tmp_path / "moe.gguf"
+    write_gguf(path, cfg, loaded.state, stacks, arch=arch, expert_count=e, expert_used_count=2)
+    with pytest.raises(UsageError, match=f"^GGUF file moe.gguf sets {arch}.expert_count=4: a mixture of experts; "
+                                         "specgen loads routed GGUFs of llama and qwen3moe only$"):
+        load_gguf(path)
+
+
+def test_a_mixtral_gguf_with_scaled_expert_weights_is_one_line(tmp_path):
+    """`llama.expert_weights_scale` (llama.cpp multiplies the k weights by it; other models' converters write it) is
+    refused rather than dropped."""
+    from tests.models.test_hf_configs import moe_model
+
+    moe_model("MixtralForCausalLM").save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    write_gguf(tmp_path / "scaled.gguf", loaded.cfg, loaded.state, expert_count=4, expert_used_count=2,
+               expert_weights_scale=2.5)
+    with pytest.raises(UsageError, match="^GGUF file scaled.gguf sets llama.expert_weights_scale=2.5: scaled expert "
+                                         "weights are not implemented$"):
+        load_gguf(tmp_path / "scaled.gguf")

@@ -20,7 +20,7 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, OLMO2, SLIDING, method_drafter,
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, MOE, OLMO2, SLIDING, method_drafter,
                             tiny_model, unwindowed)
 from tests.image_fixtures import tiny_image_target
 
@@ -83,8 +83,10 @@ def fake_step(model, bucket: Bucket, step=target_step):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bucket", [Bucket(1, 1, 64), Bucket(2, 8, 64)])
-def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype, bucket):
-    model = tiny_model(0).to(dtype)
+@pytest.mark.parametrize("over", [{}, MOE], ids=["llama", "moe"])
+def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype, bucket, over):
+    """(A routed feed-forward too: its static path, `moe.static_routing`, sizes nothing by the routing.)"""
+    model = tiny_model(0, **over).to(dtype)
     logits, hidden = fake_step(model, bucket)
     assert logits.shape == (bucket.rows, bucket.nodes, model.cfg.vocab_size)
     assert hidden.shape == (bucket.rows, bucket.nodes, model.cfg.dim)
@@ -167,6 +169,9 @@ TARGETS = {
     # Granite: Llama's block with its embeddings scaled and its logits divided (its other multipliers are weights);
     # the embedding scale changes the tokens (the divisor, monotone, cannot under greedy)
     "granite": (GRANITE, 24, [{**GRANITE, "embed_scale": 1.0}]),
+    # Mixtral's routed experts in Llama's block (its residual adds in the fused norms); the renormalisation and k each
+    # change the tokens
+    "moe": (MOE, 24, [{**MOE, "expert_renorm": False}, {**MOE, "experts_per_token": 1}]),
     # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
     **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
 }

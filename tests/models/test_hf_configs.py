@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -1045,3 +1046,174 @@ def test_granite_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp
     ours_err = (logits(ours.to(torch.bfloat16), x).float() - exact).abs().max()
     theirs_err = (logits(theirs.to(torch.bfloat16), x).float() - exact).abs().max()
     assert ours_err < 2 * theirs_err
+
+
+# Mixtral and Qwen3-MoE over SHAPE: 4 experts (Qwen3-MoE's of moe_intermediate_size 24), 2 a token
+MOE = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
+       "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)}
+MOE_CASES = {  # name -> (architecture, overrides, the export's class)
+    "mixtral": ("MixtralForCausalLM", {}, "MixtralForCausalLM"),
+    "mixtral-3-of-4": ("MixtralForCausalLM", dict(num_experts_per_tok=3, head_dim=16), "MixtralForCausalLM"),
+    "qwen3-moe": ("Qwen3MoeForCausalLM", {}, "Qwen3MoeForCausalLM"),  # norm_topk_prob false (its class default)
+    "qwen3-moe-renorm": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=True), "Qwen3MoeForCausalLM"),
+    "qwen3-moe-head-dim": ("Qwen3MoeForCausalLM", dict(norm_topk_prob=True, head_dim=16, tie_word_embeddings=True),
+                           "Qwen3MoeForCausalLM"),
+    # no experts: every layer Qwen3-MoE's dense MLP of intermediate_size, Qwen3's block (exported as Qwen3)
+    "qwen3-moe-dense": ("Qwen3MoeForCausalLM", dict(num_experts=0), "Qwen3ForCausalLM"),
+}
+
+
+def moe_model(arch: str, **over):
+    """A random tiny transformers Mixtral or Qwen3-MoE (`MOE`'s experts): `hf_model`'s, its norms around 1."""
+    return hf_model(arch, **{**MOE[arch], **over})
+
+
+def moe_controls(ours: Transformer) -> dict[str, Transformer]:
+    """The loaded model with one routing detail wrong each: the k weights' renormalisation flipped, one expert fewer
+    and one more a token (a wrong top-k), the experts' order reversed (each expert's weights under another's index)."""
+    cfg, state = ours.cfg, ours.state_dict()
+    e = cfg.n_experts
+    reversed_experts = {re_expert(k, e): v for k, v in state.items()}
+    wrong = {"renorm": (dataclasses.replace(cfg, expert_renorm=not cfg.expert_renorm), state),
+             "k-1": (dataclasses.replace(cfg, experts_per_token=cfg.experts_per_token - 1), state),
+             "k+1": (dataclasses.replace(cfg, experts_per_token=cfg.experts_per_token + 1), state),
+             "experts_reversed": (cfg, reversed_experts)}
+    return built(wrong)
+
+
+def re_expert(name: str, e: int) -> str:
+    """An expert's parameter name under the mirrored index (expert j -> e - 1 - j); other names as they are."""
+    m = re.search(r"\.experts\.(\d+)\.", name)
+    return name if m is None else name.replace(m.group(0), f".experts.{e - 1 - int(m.group(1))}.")
+
+
+@pytest.mark.parametrize("case", MOE_CASES)
+def test_moe_logits_equal_transformers(case, tmp_path):
+    """Mixtral and Qwen3-MoE load exactly: each row's router softmax in float32, its top k, renormalised (Mixtral;
+    Qwen3-MoE where norm_topk_prob), the experts' SwiGLU outputs weighted and summed; uncached, through a cache (the
+    routed path at each chunk's rows), and from the hf row's export. Controls: each routing detail wrong is visibly
+    wrong (the renormalisation, k, which weights are which expert's)."""
+    arch, over, cls = MOE_CASES[case]
+    theirs = moe_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg = ours.cfg
+    dense = case == "qwen3-moe-dense"
+    assert (cfg.n_experts, cfg.experts_per_token) == ((0, 0) if dense else (4, over.get("num_experts_per_tok", 2)))
+    assert cfg.expert_renorm == (arch == "MixtralForCausalLM" or over.get("norm_topk_prob", False))
+    assert cfg.expert_weight_round == (arch == "Qwen3MoeForCausalLM" and not dense)
+    assert cfg.qk_norm == (arch == "Qwen3MoeForCausalLM") and cfg.hd == over.get("head_dim", 8)
+    assert cfg.ffn_dim == {"MixtralForCausalLM": 48, "Qwen3MoeForCausalLM": 48 if dense else 24}[arch]
+    x = tokens(60)
+    assert_exact_and_exported(ours, theirs, x, cls)
+    for name, wrong in ({} if dense else moe_controls(ours)).items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+@pytest.mark.parametrize("arch,over", [("MixtralForCausalLM", dict(sliding_window=5)),
+                                       ("Qwen3MoeForCausalLM", dict(use_sliding_window=True, sliding_window=5))])
+def test_moe_sliding_windows_slide_every_layer(arch, over, tmp_path):
+    """Mixtral's window (where set) and Qwen3-MoE's (with use_sliding_window) slide every layer, as their classes'
+    masks; exact uncached, cached and exported; control: the same model unwindowed differs."""
+    theirs = moe_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert (ours.cfg.window, ours.cfg.local_layers) == (5, (0, 1))
+    assert_windowed(ours, theirs)
+
+
+def test_a_qwen3_moe_window_without_use_sliding_window_is_dropped_as_its_class_drops_it(tmp_path):
+    raw = {**SHAPE, **MOE["Qwen3MoeForCausalLM"], "architectures": ["Qwen3MoeForCausalLM"], "sliding_window": 5}
+    assert hf_config(raw).window == 0 and transformers.Qwen3MoeConfig(**raw).sliding_window is None
+
+
+def test_moe_configs_without_their_keys_take_transformers_class_defaults():
+    """Mixtral's class defaults: 8 experts, 2 a token, RoPE base 1e6, 8 key/value heads, epsilon 1e-5, a 131072
+    context, untied; Qwen3-MoE's: 128 experts of 768, 8 a token, norm_topk_prob false, RoPE base 1e4, 4 key/value
+    heads, epsilon 1e-6, a 32768 context, untied; both every layer routed."""
+    keys = ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")
+    raw = {k: v for k, v in SHAPE.items() if k not in keys} | {"num_attention_heads": 8}
+    for arch, want in (("MixtralForCausalLM", (8, 2, True, 48, 8, 1e6, 1e-5, 8192)),
+                       ("Qwen3MoeForCausalLM", (128, 8, False, 768, 4, 1e4, 1e-6, 8192))):
+        theirs = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**raw)
+        cfg = hf_config({**raw, "architectures": [arch]})
+        width = getattr(theirs, "moe_intermediate_size", theirs.intermediate_size)
+        renorm = getattr(theirs, "norm_topk_prob", True)  # Mixtral's router always renormalises
+        assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.ffn_dim, cfg.n_kv_heads, cfg.rope_theta,
+                cfg.norm_eps, cfg.max_seq_len) == (
+            theirs.num_local_experts, theirs.num_experts_per_tok, renorm, width, theirs.num_key_value_heads,
+            theirs.rope_parameters["rope_theta"], theirs.rms_norm_eps, min(8192, theirs.max_position_embeddings)
+        ) == want
+        assert not cfg.tie_embeddings and not theirs.tie_word_embeddings and cfg.window == 0
+
+
+@pytest.mark.parametrize("arch,over,error,says", [
+    ("Qwen3MoeForCausalLM", dict(mlp_only_layers=[1]), UsageError,
+     r"sets mlp_only_layers=\[1\]: dense layers among routed ones are not implemented"),
+    ("Qwen3MoeForCausalLM", dict(decoder_sparse_step=2), UsageError, "sets decoder_sparse_step=2: dense layers"),
+    ("Qwen3MoeForCausalLM", dict(attention_bias=True), UsageError, "sets attention_bias=true: biases"),
+    ("Qwen3MoeForCausalLM", dict(norm_topk_prob="yes"), CheckpointError, 'norm_topk_prob="yes": not true or false'),
+    ("Qwen3MoeForCausalLM", dict(num_experts=-1), CheckpointError, "num_experts=-1: not a positive integer"),
+    ("MixtralForCausalLM", dict(num_local_experts=0), CheckpointError, "num_local_experts=0: not a positive integer"),
+    ("MixtralForCausalLM", dict(num_experts_per_tok=5), CheckpointError, "num_experts_per_tok=5: more than its 4"),
+    ("MixtralForCausalLM", dict(num_experts_per_tok=0), CheckpointError, "num_experts_per_tok=0: not a positive"),
+    ("MixtralForCausalLM", dict(hidden_act="gelu"), UsageError, "hidden_act=\"gelu\": specgen's MixtralForCausalLM"),
+])
+def test_a_moe_key_specgen_does_not_implement_is_one_line_naming_it(arch, over, error, says):
+    raw = {**SHAPE, **MOE[arch], "architectures": [arch], **over}
+    with pytest.raises(error, match=says) as err:
+        hf_config(raw)
+    assert "\n" not in str(err.value)
+
+
+def test_training_only_router_keys_change_nothing():
+    """Router aux loss, jitter noise (transformers applies it in training only) and output_router_logits: ignored."""
+    for arch in MOE:
+        raw = {**SHAPE, **MOE[arch], "architectures": [arch]}
+        knobs = {"router_aux_loss_coef": 0.5, "router_jitter_noise": 0.1, "output_router_logits": True}
+        assert hf_config(raw | knobs) == hf_config(raw)
+
+
+@pytest.mark.parametrize("over,says", [
+    (dict(n_experts=-1), "n_experts -1 is not a count"), (dict(n_experts=4), "experts_per_token 0 must be 1 to"),
+    (dict(n_experts=4, experts_per_token=5), "experts_per_token 5 must be 1 to n_experts"),
+    (dict(experts_per_token=2), "experts_per_token 2 must be 1 to n_experts \\(0\\) with experts, 0 without"),
+    (dict(expert_renorm=True), "expert_renorm and expert_weight_round route experts: they need n_experts"),
+    (dict(n_experts=4, experts_per_token=2, expert_renorm="yes"), "expert_renorm 'yes' is not true or false"),
+])
+def test_expert_fields_that_build_no_block_are_one_line(over, says):
+    from tests.conftest import tiny_config
+
+    with pytest.raises(ValueError, match=says) as err:
+        tiny_config(**over)
+    assert "\n" not in str(err.value)
+
+
+def test_a_routed_block_that_no_moe_class_expresses_is_not_exported():
+    """to_hf exports routed experts as Qwen3-MoE (q/k norms) or Mixtral (the k weights renormalised): neither has
+    Gemma's gate or unrenormalised weights without q/k norms."""
+    from tests.conftest import MOE as TINY_MOE, tiny_model
+
+    for over in (dict(ffn_act="gelu_tanh"), dict(expert_renorm=False)):
+        with pytest.raises(ValueError, match="as Mixtral or Qwen3-MoE"):
+            to_hf(tiny_model(0, **{**TINY_MOE, **over}))
+
+
+@pytest.mark.parametrize("arch,over", [("MixtralForCausalLM", {}), ("Qwen3MoeForCausalLM", dict(norm_topk_prob=True)),
+                                       ("Qwen3MoeForCausalLM", {})])
+def test_a_bf16_moe_block_gives_transformers_bits(arch, over, tmp_path):
+    """In bfloat16 a routed feed-forward is bitwise transformers' (its default experts forward, grouped_mm): router
+    logits in the dtype, softmax in float32, top k, renormalised; Mixtral's products with the float32 weights and
+    their sum in float32, rounded once; Qwen3-MoE's weights rounded to the dtype first, products and sum in it. The
+    control: the other rounding order (expert_weight_round flipped) gives other bits."""
+    theirs = moe_model(arch, **over)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path).to(torch.bfloat16)
+    theirs = theirs.to(torch.bfloat16)
+    other = Transformer(dataclasses.replace(ours.cfg, expert_weight_round=not ours.cfg.expert_weight_round))
+    other.load_state_dict(ours.state_dict())
+    x = torch.randn(1, 50, 32, generator=torch.Generator().manual_seed(0)).bfloat16()
+    with torch.no_grad():
+        want = theirs.model.layers[0].mlp(x)
+        assert torch.equal(ours.layers[0].feed_forward(x), want)
+        assert not torch.equal(other.to(torch.bfloat16).layers[0].feed_forward(x), want)
