@@ -74,8 +74,9 @@ def moe(cfg, common: dict):
                    bos_token_id=None, eos_token_id=None, **sliding(cfg, every=True))
     if cfg.qk_norm:
         return Qwen3MoeForCausalLM(Qwen3MoeConfig(
-            **common, **routing, num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_dim, norm_topk_prob=cfg.expert_renorm,
-            use_sliding_window=bool(cfg.window), attention_bias=False, decoder_sparse_step=1, mlp_only_layers=[]))
+            **common, **routing, num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_dim,
+            norm_topk_prob=cfg.expert_renorm, use_sliding_window=bool(cfg.window), attention_bias=False,
+            decoder_sparse_step=1, mlp_only_layers=[]))
     return MixtralForCausalLM(MixtralConfig(**common, **routing, num_local_experts=cfg.n_experts))
 
 
