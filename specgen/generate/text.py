@@ -100,22 +100,35 @@ def draft_budget(model: TextModel, kind: str, greedy: bool = True, limit: int = 
 
 class TextStream:
     """Token ids as accepted -> each row's new text, held back while it ends in an incomplete character or in what
-    may begin a stop string (`Stops.pending`), and cut before a stop string: the pieces join to the completion."""
+    may begin a stop string (`Stops.pending`), and cut before a stop string: the pieces join to the completion.
+
+    Each call decodes only a window: the tokens since the previous call's start, `ids[start:]`, whose text past that
+    of `ids[start:read]` is the new tokens' (the window's own start, a stripped leading space or a partial
+    character, is in both: it cancels). The pieces equal the whole text's wherever the decoder's text of a prefix is
+    the whole text's prefix (the assumption `Stops` states); decoding the whole text per call was O(n^2): 0.33 ms a
+    token over 4,096 SmolLM2 tokens, a fifth of a captured GPU AR step."""
 
     def __init__(self, tokenizer, rows: int, on_text, stops: Stops = Stops()) -> None:
         self.tokenizer, self.on_text, self.stops = tokenizer, on_text, stops
         self.ids: list[list[int]] = [[] for _ in range(rows)]
-        self.sent = [0] * rows  # characters of each row's text already given
+        self.start = [0] * rows  # each row's window start: the previous read's
+        self.read = [0] * rows  # each row's tokens whose text is in `held` or was sent
+        self.held = [""] * rows  # each row's text not sent yet (any stop string starts in it: `pending` held it)
 
     def __call__(self, row: int, tokens: list[int], final: bool = False) -> None:
         """`final`: the row is done, so a character or a stop string's start held back at its end goes out as it is."""
-        self.ids[row].extend(tokens)
-        text = self.tokenizer.decode(self.ids[row])
-        if not final and text.endswith("\ufffd"):
+        ids = self.ids[row]
+        ids.extend(tokens)
+        start, read = self.start[row], self.read[row]
+        window = self.tokenizer.decode(ids[start:])
+        if not final and window.endswith("\ufffd"):
             return
-        end = self.stops.cut(text)
-        if not final and end == len(text):  # no stop string yet: its start may be at the end
-            end -= self.stops.pending(text)
-        if end > self.sent[row]:
-            self.on_text(row, text[self.sent[row]:end])
-            self.sent[row] = end
+        self.held[row] += window[len(self.tokenizer.decode(ids[start:read])):]
+        self.start[row], self.read[row] = read, len(ids)
+        held = self.held[row]
+        end = self.stops.cut(held)
+        if not final and end == len(held):  # no stop string yet: its start may be at the end
+            end -= self.stops.pending(held)
+        if end > 0:
+            self.on_text(row, held[:end])
+            self.held[row] = held[end:]

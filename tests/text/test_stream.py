@@ -11,6 +11,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.methods import METHODS, run_batch
 from tests.conftest import method_drafter, tiny_model
+from tests.text.test_tokenizer import smollm2  # noqa: F401 - the fixture: SmolLM2's tokenizer from its GGUF
 
 TEXT_LOSSLESS = [name for name, spec in METHODS.items() if spec.lossless and spec.runs_on("text")
                  and spec.target == "base"]
@@ -77,3 +78,68 @@ def test_text_stream_holds_back_what_may_begin_a_stop_string_until_it_is_known()
     assert all(later.startswith(earlier) for earlier, later in zip(sent, sent[1:]))
     assert not any(s.endswith(("<", "<s", "<st", "<sto", "<stop")) for s in sent)  # each start held while it may be one
     assert "a <st" in sent[data.index(b" r")] and sent[data.index(b"<sto") + 3] == "a <st ré "
+
+
+def streamed(tokenizer, ids: list[int], rng, stops=None) -> str:
+    """The pieces a TextStream gives for `ids` arriving in chunks of 1 to 6 tokens (a speculative step's), joined."""
+    from specgen.decoding.stops import Stops
+    from specgen.generate.text import TextStream
+
+    pieces: list[str] = []
+    stream = TextStream(tokenizer, 1, lambda i, text: pieces.append(text), stops or Stops())
+    k = 0
+    while k < len(ids):
+        step = rng.randint(1, 6)
+        stream(0, ids[k:k + step])
+        k += step
+    stream(0, [], final=True)
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_streamed_pieces_join_to_the_whole_text_of_random_bytes_and_specials(seed):
+    """Characters split across chunks, specials that decode to nothing, stop strings: the whole text's completion."""
+    import random
+
+    from specgen.decoding.stops import Stops
+    from tests.decoding.test_stops import random_text_ids, utf8_bytes
+
+    class Bytes:
+        decode = staticmethod(utf8_bytes)
+
+    rng = random.Random(seed)
+    ids = random_text_ids(rng, 60)
+    text = utf8_bytes(ids)
+    stops = Stops((), (text[rng.randrange(len(text)):][:3].strip("\ufffd") or "zz",), utf8_bytes) if seed % 2 else None
+    want = text[: stops.cut(text)] if stops else text
+    assert streamed(Bytes(), ids, rng, stops) == want
+
+
+def test_streamed_pieces_join_to_the_whole_text_of_smollm2s_random_ids(smollm2):  # noqa: F811
+    """SmolLM2's byte-level BPE: byte tokens that split characters, specials, merges of every kind."""
+    import random
+
+    tokenizer = smollm2[1]
+    rng = random.Random(0)
+    for _ in range(20):
+        ids = [rng.choice([rng.randrange(49152), rng.randrange(300), rng.randrange(49152 - 300, 49152)])
+               for _ in range(80)]
+        assert streamed(tokenizer, ids, rng) == tokenizer.decode(ids), ids
+
+
+def test_each_call_decodes_a_window_not_the_whole_text():
+    """The cost of a streamed token does not grow with the output: each decode is of the latest chunks only."""
+    import random
+
+    from tests.decoding.test_stops import utf8_bytes
+
+    lengths: list[int] = []
+
+    class Counted:
+        def decode(self, ids):
+            lengths.append(len(ids))
+            return utf8_bytes(ids)
+
+    ids = list(("words and more words " * 200).encode())
+    assert streamed(Counted(), ids, random.Random(0)) == utf8_bytes(ids)
+    assert max(lengths) <= 12  # two chunks of at most 6 tokens
