@@ -135,6 +135,13 @@ GRANITE = dict(embed_scale=4.0, logit_scale=2.0)
 # Mixtral's block over tiny_config's shape: Llama's attention, a routed feed-forward of 4 SwiGLU experts of ffn_dim, 2 a
 # token, their weights renormalised; untied (its class default)
 MOE = dict(n_experts=4, experts_per_token=2, expert_renorm=True, tie_embeddings=False)
+# Qwen2-MoE's block over tiny_config's shape: Qwen2's attention (q/k/v biases), 4 routed experts, 2 a token, not
+# renormalised, and a shared expert of 64 on every row (whole vector lanes, as real widths: models/moe.py), scaled by
+# its gate's sigmoid
+QWEN2_MOE = dict(n_experts=4, experts_per_token=2, shared_expert_dim=64, qkv_bias=True, tie_embeddings=False)
+# OLMoE's block over tiny_config's shape: Llama's pre-norms, q and k normed over their whole projections (OLMo 2's),
+# 4 routed experts, 2 a token, not renormalised
+OLMOE = dict(n_experts=4, experts_per_token=2, qk_norm=True, qk_norm_span="all", tie_embeddings=False)
 # sliding-window targets over tiny_config's shape, decoded well past their window: Gemma 3's block with its local
 # layer 0 sliding over 6 positions, and Mistral's kind (Llama's block, every layer sliding over 5)
 SLIDING = {"gemma": dict(GEMMA, window=6), "mistral": dict(local_layers=(0, 1), window=5)}

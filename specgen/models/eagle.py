@@ -17,7 +17,8 @@ def drafter_config(target_cfg: TransformerConfig) -> TransformerConfig:
     feed-forward of the experts' width where the target routes experts (a drafter is trained: its block is ours)."""
     return dataclasses.replace(target_cfg, n_layers=1, num_classes=0, caption_dim=0, tie_embeddings=False, cross_dim=0,
                                nope_layers=(), local_layers=(), local_rope_theta=0.0, window=0, n_experts=0,
-                               experts_per_token=0, expert_renorm=False, expert_weight_round=False)
+                               experts_per_token=0, expert_renorm=False, expert_weight_round=False,
+                               shared_expert_dim=0)
 
 
 class EagleNet(nn.Module):

@@ -1,12 +1,15 @@
-"""Routed feed-forwards (Mixtral, Qwen3-MoE): each row's k of E SwiGLU experts, its bits independent of other rows."""
+"""Routed feed-forwards (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): each row's k of E SwiGLU experts (and Qwen2-MoE's
+gated shared expert), its bits independent of other rows."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # The invariant (lossless methods equal AR token for token): a row's output never depends on which rows share its
@@ -18,6 +21,12 @@ from torch import nn
 # k weighted contributions go into its own [k, dim] slots, by top-k slot, and are summed over them by one reduction
 # of a [T, k, dim] buffer (each (row, dim) over its k values alone), never by atomics or an order another row could
 # change. transformers 5's default experts forward (grouped_mm) sums so too: the same bits in bfloat16 (tested).
+# (4) torch's CPU elementwise ops (silu, sigmoid) take a tensor's last partial vector through a scalar path with other
+# float32 bits, so a row's bits hold where its rows fill whole lanes: a [T, width] activation's do for widths that are
+# multiples of LANES (every real model's), a [T, 1] gate's never (its tail moves with T), so the shared expert's
+# sigmoid is taken over its rows padded to LANES (`lane_sigmoid`).
+
+LANES = 64  # a multiple of every CPU vector loop's step (AVX-512's two 16-float registers: 32)
 
 _STATIC: ContextVar[bool] = ContextVar("specgen_static_routing", default=False)
 
@@ -35,18 +44,31 @@ def static_routing() -> Iterator[None]:
         _STATIC.reset(token)
 
 
+def lane_sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """torch.sigmoid of x with each element's bits independent of x's length: taken over x flattened and padded to
+    whole LANES (the vector path for every element; float32's scalar tail rounds otherwise)."""
+    flat = x.reshape(-1)
+    return torch.sigmoid(F.pad(flat, (0, -flat.numel() % LANES)))[: flat.numel()].view(x.shape)
+
+
 class MoEFeedForward(nn.Module):
     """A router (`gate`, dim -> E, no bias) and E experts (`expert(cfg)`: FeedForward's SwiGLU at cfg.ffn_dim). Each
     row: softmax of its router logits in float32, its top k (cfg.experts_per_token) weights, renormalised to sum 1
-    where cfg.expert_renorm (Mixtral always, Qwen3-MoE by norm_topk_prob), rounded to the activation dtype before they
-    scale the experts' outputs where cfg.expert_weight_round (Qwen3-MoE: products and their sum in the dtype;
-    Mixtral's in float32, the sum rounded once), then the k products summed over the top-k slots."""
+    where cfg.expert_renorm (Mixtral always, the others by norm_topk_prob), rounded to the activation dtype before
+    they scale the experts' outputs where cfg.expert_weight_round (Qwen2-MoE, Qwen3-MoE, OLMoE: products and their sum
+    in the dtype; Mixtral's in float32, the sum rounded once), then the k products summed over the top-k slots. With
+    cfg.shared_expert_dim (Qwen2-MoE) a shared expert of that width (`shared_expert`) runs on every row, scaled by the
+    sigmoid of `shared_expert_gate` (dim -> 1, no bias), and is added to that sum, as transformers adds it."""
 
     def __init__(self, cfg, expert: Callable[[object], nn.Module]) -> None:
         super().__init__()
         self.k, self.renorm, self.round = cfg.experts_per_token, cfg.expert_renorm, cfg.expert_weight_round
         self.gate = nn.Linear(cfg.dim, cfg.n_experts, bias=False)
         self.experts = nn.ModuleList(expert(cfg) for _ in range(cfg.n_experts))
+        self.shared = cfg.shared_expert_dim > 0
+        if self.shared:
+            self.shared_expert = expert(dataclasses.replace(cfg, ffn_dim=cfg.shared_expert_dim))
+            self.shared_expert_gate = nn.Linear(cfg.dim, 1, bias=False)
 
     def route(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(each row's k experts [T, k] by falling weight, their weights [T, k]: float32, or the dtype where rounded)
@@ -62,7 +84,10 @@ class MoEFeedForward(nn.Module):
         experts, weights = self.route(rows)
         picked = (self.every if _STATIC.get() else self.routed)(rows, experts)  # [T, k, dim]
         parts = picked * weights[..., None]  # [T, k, dim]: float32, or the dtype where the weights were rounded
-        return parts.sum(1).to(x.dtype).view(x.shape)  # each (row, dim) summed over its k slots
+        out = parts.sum(1).to(x.dtype)  # [T, dim]: each (row, dim) summed over its k slots
+        if self.shared:  # every row's, gated per row (its sigmoid lane-padded: `lane_sigmoid`)
+            out = out + lane_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
+        return out.view(x.shape)
 
     def routed(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Each row's k experts' outputs [T, k, dim] (row t's slot j: expert experts[t, j] of row t), each expert run

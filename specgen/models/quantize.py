@@ -326,10 +326,12 @@ def quantized_ffn(ffn: FeedForward, quantized, mode: str, group: int) -> Quantiz
 
 
 def quantized_experts(ffn: MoEFeedForward, quantized, mode: str, group: int) -> MoEFeedForward:
-    """A routed feed-forward with each expert quantized as a dense one (`quantized_ffn`: qmm.c computes every row
-    alone, so an expert's rows stay row-invariant); its router stays a float Linear (bfloat16 with the norms: a
-    quantized router's rounding would send rows to other experts)."""
+    """A routed feed-forward with each expert (and a shared one) quantized as a dense one (`quantized_ffn`: qmm.c
+    computes every row alone, so an expert's rows stay row-invariant); its router and a shared expert's gate stay
+    float Linears (bfloat16 with the norms: a quantized router's rounding would send rows to other experts)."""
     ffn.experts = nn.ModuleList(quantized_ffn(expert, quantized, mode, group) for expert in ffn.experts)
+    if ffn.shared:
+        ffn.shared_expert = quantized_ffn(ffn.shared_expert, quantized, mode, group)
     return ffn
 
 

@@ -64,6 +64,7 @@ class TransformerConfig:
     experts_per_token: int = 0  # k, with n_experts (each expert a SwiGLU of ffn_dim)
     expert_renorm: bool = False  # the k router weights renormalised to sum 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
     expert_weight_round: bool = False  # the k weights rounded to the activation dtype before they scale (Qwen3-MoE)
+    shared_expert_dim: int = 0  # > 0: Qwen2-MoE's shared expert, a SwiGLU of this width on every row (models/moe.py)
 
     def __post_init__(self) -> None:
         flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
@@ -130,7 +131,7 @@ class TransformerConfig:
 
     def check_expert_fields(self) -> None:
         """A routed feed-forward's fields (models/moe.py): a count of experts (0: none), k of them per token, and the
-        routing flags only with experts."""
+        routing flags and a shared expert's width only with experts."""
         if type(self.n_experts) is not int or self.n_experts < 0:
             raise ValueError(f"n_experts {self.n_experts!r} is not a count of experts (a positive int, or 0: none)")
         if type(self.experts_per_token) is not int or not (
@@ -139,6 +140,10 @@ class TransformerConfig:
                              f"({self.n_experts}) with experts, 0 without")
         if not self.n_experts and (self.expert_renorm or self.expert_weight_round):
             raise ValueError("expert_renorm and expert_weight_round route experts: they need n_experts")
+        if type(self.shared_expert_dim) is not int or self.shared_expert_dim < 0 or (
+                self.shared_expert_dim and not self.n_experts):
+            raise ValueError(f"shared_expert_dim {self.shared_expert_dim!r} must be a width (a positive int, or 0: "
+                             "none), and one beside routed experts (n_experts)")
 
     @property
     def hd(self) -> int:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from specgen.models import graphs
-from specgen.models.moe import MoEFeedForward, static_routing
+from specgen.models.moe import LANES, MoEFeedForward, lane_sigmoid, static_routing
 from specgen.models.sliced_linear import SlicedLinear
-from tests.conftest import MOE, tiny_model
+from tests.conftest import MOE, OLMOE, QWEN2_MOE, tiny_model
 from tests.models.test_graphs import chain_against_steps, traced
 from tests.models.test_sliced_linear import shape_dependent
 
@@ -33,7 +33,7 @@ def rows(n: int, dtype: torch.dtype) -> torch.Tensor:
     return (torch.randn(n, 32, generator=torch.Generator().manual_seed(n)) * 2).to(dtype)  # [n, dim]
 
 
-@pytest.mark.parametrize("over", [MOE, QWEN3_MOE], ids=["mixtral", "qwen3-moe"])
+@pytest.mark.parametrize("over", [MOE, QWEN3_MOE, QWEN2_MOE, OLMOE], ids=["mixtral", "qwen3-moe", "qwen2-moe", "olmoe"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("products", ["sliced", "plain"])
 def test_a_row_gets_the_same_bits_alone_and_among_other_rows(products, dtype, over, monkeypatch):
@@ -66,7 +66,18 @@ def test_torch_cpu_float32_products_are_not_row_invariant_so_the_invariant_rests
     assert (together - alone).abs().max() < 1e-5  # last bits only
 
 
-@pytest.mark.parametrize("over", [MOE, QWEN3_MOE], ids=["mixtral", "qwen3-moe"])
+def test_a_float32_sigmoid_over_rows_padded_to_whole_lanes_gives_each_row_its_bits_alone():
+    """The shared expert's gate [T, 1]: torch's float32 CPU sigmoid takes a tensor's last partial vector through a
+    scalar path (a record of this CPU, skipped where its bits happen to agree), so a row's gate among T rows can differ
+    from its gate alone; `lane_sigmoid` (whole LANES) gives every row the same bits at every T."""
+    x = torch.randn(200, 1, generator=torch.Generator().manual_seed(0)) * 3
+    alone = torch.cat([lane_sigmoid(x[i : i + 1]) for i in range(200)])
+    assert all(torch.equal(lane_sigmoid(x[:n]), alone[:n]) for n in (1, 5, LANES - 1, LANES + 7, 130, 200))
+    if all(torch.equal(torch.sigmoid(x[:n]), alone[:n]) for n in range(1, 201)):
+        pytest.skip("this CPU's float32 sigmoid happens to be length-invariant")
+
+
+@pytest.mark.parametrize("over", [MOE, QWEN3_MOE, QWEN2_MOE, OLMOE], ids=["mixtral", "qwen3-moe", "qwen2-moe", "olmoe"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("products", ["sliced", "plain"])
 def test_the_static_path_gives_the_routed_paths_bits(products, dtype, over, monkeypatch):
@@ -115,11 +126,39 @@ def test_the_block_builds_experts_only_where_the_config_routes():
         f"layers.0.feed_forward.experts.{e}.w{j}.weight" for e in range(4) for j in (1, 2, 3)}
 
 
-def test_an_eagle_drafter_of_a_moe_target_is_dense():
+def test_the_block_builds_a_shared_expert_only_where_the_config_has_one():
+    """Qwen2-MoE's block: the router and E experts, and its shared expert (a SwiGLU of shared_expert_dim) with its
+    gate (dim -> 1, no bias)."""
+    names = {k: v.shape for k, v in tiny_model(0, **QWEN2_MOE).state_dict().items()
+             if k.startswith("layers.0.feed_forward.shared")}
+    assert names == {"layers.0.feed_forward.shared_expert.w1.weight": (64, 32),
+                     "layers.0.feed_forward.shared_expert.w3.weight": (64, 32),
+                     "layers.0.feed_forward.shared_expert.w2.weight": (32, 64),
+                     "layers.0.feed_forward.shared_expert_gate.weight": (1, 32)}
+
+
+@pytest.mark.parametrize("over", [MOE, QWEN2_MOE], ids=["mixtral", "qwen2-moe"])
+def test_an_eagle_drafter_of_a_moe_target_is_dense(over):
     from specgen.models.eagle import drafter_config
 
-    cfg = drafter_config(tiny_model(0, **MOE).cfg)
-    assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.n_layers) == (0, 0, False, 1)
+    cfg = drafter_config(tiny_model(0, **over).cfg)
+    assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.shared_expert_dim, cfg.n_layers) == (
+        0, 0, False, 0, 1)
+
+
+def test_a_quantized_qwen2_moe_target_quantizes_its_shared_expert_and_reloads_bit_for_bit():
+    """int4 quantizes the shared expert as a dense feed-forward (as each routed one), its gate stays a bfloat16
+    Linear; a quantized entry's skeleton loads the state strictly, bit for bit."""
+    from specgen.models.quantize import QuantizedFeedForward, build_quantized_transformer, quantize_model
+
+    qm = quantize_model(tiny_model(0, **QWEN2_MOE), "int4", 32)
+    ffn = qm.layers[0].feed_forward
+    assert type(ffn.shared_expert) is QuantizedFeedForward and ffn.shared_expert_gate.weight.dtype == torch.bfloat16
+    fresh = build_quantized_transformer("int4", 32, **qm.cfg.to_dict())
+    fresh.load_state_dict(qm.state_dict(), strict=True)
+    ids, pos = torch.randint(0, 64, (1, 6)), torch.arange(6)[None]
+    with torch.inference_mode():
+        assert torch.equal(fresh(ids, pos)[0], qm(ids, pos)[0])
 
 
 @pytest.mark.parametrize("mode,group", [("int4", 32), ("int8", 0)])
