@@ -1,5 +1,5 @@
 """A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2,
-Granite, Mixtral, Qwen3-MoE) of a specgen Transformer's weights (the `hf` row)."""
+Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) of a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -58,26 +58,53 @@ def stacked_experts(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tens
 
 
 def moe(cfg, common: dict):
-    """transformers' Qwen3MoeForCausalLM (q/k norms; norm_topk_prob from `cfg.expert_renorm`) or MixtralForCausalLM
-    (Llama's attention, the k weights always renormalised) of a routed config; every layer routed. A config neither
-    can express is a ValueError. (Exports are float32, where rounding the weights before they scale changes no bit.)"""
-    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM  # (optional)
+    """transformers' class of a routed config (`moe_kind`: Qwen2MoeForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM
+    or MixtralForCausalLM), every layer routed. A config none can express is a ValueError. (Exports are float32, where
+    rounding the weights before they scale changes no bit.)"""
+    import transformers  # optional dependency (the `hf` rows), as `to_hf`'s
 
-    if (cfg.sandwich_norms or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or cfg.qkv_bias
-            or cfg.nope_layers or cfg.rope_dim or cfg.local_rope_theta or cfg.attn_softcap or cfg.logit_softcap
-            or cfg.logit_scale != 1 or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type")
-            == "factors" or not (cfg.qk_norm or cfg.expert_renorm)):
-        raise ValueError("to_hf exports routed experts as Mixtral or Qwen3-MoE: Llama's block (with Qwen3's q/k "
-                         "norms, or with the k weights renormalised: Mixtral's), a SwiGLU gate, no scales, caps, "
-                         "biases, NoPE layers or partial RoPE, whole-head rotate-half RoPE")
-    routing = dict(num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
-                   bos_token_id=None, eos_token_id=None, **sliding(cfg, every=True))
-    if cfg.qk_norm:
-        return Qwen3MoeForCausalLM(Qwen3MoeConfig(
-            **common, **routing, num_experts=cfg.n_experts, moe_intermediate_size=cfg.ffn_dim,
-            norm_topk_prob=cfg.expert_renorm, use_sliding_window=bool(cfg.window), attention_bias=False,
-            decoder_sparse_step=1, mlp_only_layers=[]))
-    return MixtralForCausalLM(MixtralConfig(**common, **routing, num_local_experts=cfg.n_experts))
+    if (cfg.sandwich_norms or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or cfg.nope_layers
+            or cfg.rope_dim or cfg.local_rope_theta or cfg.attn_softcap or cfg.logit_softcap or cfg.logit_scale != 1
+            or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type") == "factors"
+            or not MOE_KINDS[moe_kind(cfg)][0](cfg)):
+        raise ValueError("to_hf exports routed experts as Mixtral (the k weights renormalised), Qwen2-MoE (a shared "
+                         "expert, q/k/v biases or none), Qwen3-MoE (per-head q/k norms) or OLMoE (q/k norms over whole "
+                         "projections, no window): Llama's block, a SwiGLU gate, no scales, caps, other biases, NoPE "
+                         "layers or partial RoPE, whole-head rotate-half RoPE")
+    name, keys = MOE_KINDS[moe_kind(cfg)][1:]
+    config = getattr(transformers, name.replace("ForCausalLM", "Config"))
+    return getattr(transformers, name)(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
+                                              bos_token_id=None, eos_token_id=None, **keys(cfg)))
+
+
+def moe_kind(cfg) -> str:
+    """Which routed block a config is: a shared expert's (Qwen2-MoE), q/k norms over whole projections (OLMoE) or per
+    head (Qwen3-MoE), or neither (Mixtral)."""
+    if cfg.shared_expert_dim:
+        return "qwen2_moe"
+    return {"all": "olmoe", "head": "qwen3_moe"}[cfg.qk_norm_span] if cfg.qk_norm else "mixtral"
+
+
+def routed_keys(cfg) -> dict:
+    """The keys the Qwen MoE and OLMoE configs share: E experts, norm_topk_prob, every layer routed."""
+    return dict(num_experts=cfg.n_experts, norm_topk_prob=cfg.expert_renorm)
+
+
+#: moe_kind -> (whether transformers' class expresses the config's routed block beyond the checks every kind shares,
+#: the class, its config keys beyond `common`'s)
+MOE_KINDS = {
+    "qwen2_moe": (lambda cfg: not cfg.qk_norm, "Qwen2MoeForCausalLM", lambda cfg: dict(
+        routed_keys(cfg), moe_intermediate_size=cfg.ffn_dim, shared_expert_intermediate_size=cfg.shared_expert_dim,
+        qkv_bias=cfg.qkv_bias, decoder_sparse_step=1, mlp_only_layers=[], **sliding(cfg))),
+    # (its q/k norms span hidden_size and the heads' hidden_size / heads: a head of another size cannot be expressed)
+    "olmoe": (lambda cfg: not (cfg.qkv_bias or cfg.window) and cfg.hd * cfg.n_heads == cfg.dim, "OlmoeForCausalLM",
+              lambda cfg: dict(routed_keys(cfg), attention_bias=False, clip_qkv=None)),
+    "qwen3_moe": (lambda cfg: not cfg.qkv_bias, "Qwen3MoeForCausalLM", lambda cfg: dict(
+        routed_keys(cfg), moe_intermediate_size=cfg.ffn_dim, use_sliding_window=bool(cfg.window),
+        attention_bias=False, decoder_sparse_step=1, mlp_only_layers=[], **sliding(cfg, every=True))),
+    "mixtral": (lambda cfg: cfg.expert_renorm and not cfg.qkv_bias, "MixtralForCausalLM",
+                lambda cfg: dict(num_local_experts=cfg.n_experts, **sliding(cfg, every=True))),
+}
 
 
 def gemma_block(cfg) -> bool:
@@ -242,7 +269,7 @@ def to_hf(model: Transformer):
                          "biases")
     if (cfg.attn_softcap or cfg.logit_softcap) and not cfg.sandwich_norms:  # only Gemma 2's and 3's classes cap
         raise ValueError("to_hf exports softcaps as Gemma 2 or Gemma 3, whose blocks have sandwich norms")
-    if cfg.qk_norm_span != "head" and cfg.pre_norms:  # (no loader builds one)
+    if cfg.qk_norm_span != "head" and cfg.pre_norms and not cfg.n_experts:  # (no loader builds one; OLMoE's routes)
         raise ValueError("to_hf exports q/k norms over whole projections as OLMo 2, whose block has no pre-norms")
     if cfg.logit_scale != 1 and not granite_block(cfg):  # only Granite's class divides the logits
         raise ValueError("to_hf exports a logit divisor as Granite, whose block is Llama's (pre-norms only, SwiGLU)")

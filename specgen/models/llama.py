@@ -44,6 +44,15 @@ HF_ARCHITECTURES = {
     # Qwen3-MoE (30B-A3B, 235B-A22B): Qwen3's attention (q/k norms), 128 experts of 768, 8 a token (expert_fields)
     "Qwen3MoeForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 4, "num_local_experts": 128,
                             "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+    # Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen2's attention (q/k/v biases: qkv_bias), 60 experts of 1408,
+    # 4 a token, and a gated shared expert of 5632 on every token (qwen2_moe_fields)
+    "Qwen2MoeForCausalLM": {"max_position_embeddings": 32768, "num_key_value_heads": 16, "num_local_experts": 60,
+                            "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                            "shared_expert_intermediate_size": 5632},
+    # OLMoE (1B-7B): Llama's pre-norm block with OLMo 2's q/k norms over whole projections, 64 experts of
+    # intermediate_size, 8 a token; one key/value head per query head where unset
+    "OlmoeForCausalLM": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "num_local_experts": 64,
+                         "num_experts_per_tok": 8},
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
 # FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
@@ -53,7 +62,8 @@ BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm"
           "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"},
           # OLMo 2: no norm before the sublayers, each output normed before its add, q and k normed whole
           "Olmo2ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False},
-          "Qwen3MoeForCausalLM": {"qk_norm": True}}
+          "Qwen3MoeForCausalLM": {"qk_norm": True},
+          "OlmoeForCausalLM": {"qk_norm": True, "qk_norm_span": "all"}}  # (its q/k/v biases: qwen2_moe_fields)
 # an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
 # Gemma 1's legacy "gelu" is read by its class as the tanh approximation
 # Gemma 2's and 3's classes read only hidden_activation (a hidden_act beside it is ignored, as in their config.json)
@@ -74,12 +84,18 @@ SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalL
             "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention"),
             "Olmo2ForCausalLM": ("attention_bias",), "GraniteForCausalLM": ("attention_bias", "mlp_bias"),
-            "Qwen3MoeForCausalLM": ("attention_bias",)}
+            "Qwen3MoeForCausalLM": ("attention_bias",),
+            "OlmoeForCausalLM": ("attention_bias", "clip_qkv", "sliding_window")}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
            # (Gemma 3's: its transformers class keeps the key but caps no score; the config says another model)
            "attn_logit_softcapping": "transformers' Gemma3ForCausalLM ignores this cap, which its config sets: which "
                                      "model is meant is unclear",
            "mlp_bias": "MLP biases are not implemented",
+           "clip_qkv": "clamping q, k and v is not implemented",
+           # (OLMoE's: no key of its config class; its attention passes it to flash attention only, SDPA and eager
+           # attend fully; the config says another model than its default attention runs)
+           "sliding_window": "transformers' OlmoeForCausalLM slides only under flash attention (SDPA and eager "
+                             "attend fully): which model is meant is unclear",
            "use_bidirectional_attention": "bidirectional attention is not a causal LM's (specgen decodes causally)"}
 # an architecture (HF or GGUF name) -> its fused tensors as the Llama names the loader maps: a Llama name's suffix ->
 # (the fused tensor's suffix, which part of it along dim 0: q, k, v of the projection's rows; the gate's, then up's)
@@ -369,6 +385,27 @@ def qwen_sliding(raw: dict) -> tuple:
     return raw.get("sliding_window", 4096), layers
 
 
+def qwen2_moe_sliding(raw: dict) -> tuple:
+    """Qwen2-MoE's (transformers 5): only with use_sliding_window, over sliding_window (default 4096), the layers
+    layer_types marks or else every even layer below max_window_layers (default 28; its class's derivation, unlike
+    Qwen2's). Its class fails to decode where a layer slides without use_sliding_window (a window of 0 hides every
+    key) or use_sliding_window has no window (no sliding mask): both refused."""
+    kinds = layer_kinds(raw)
+    if not raw.get("use_sliding_window", False):
+        if "sliding_attention" in kinds:
+            raise refuse("layer_types", sorted(kinds), "sliding_attention layers without use_sliding_window (a window "
+                         "of 0 in transformers' Qwen2MoeForCausalLM, which then sees no key)")
+        return None, ()
+    window, first = raw.get("sliding_window", 4096), raw.get("max_window_layers", 28)
+    if window is None:
+        raise refuse("sliding_window", None, "use_sliding_window without a window (transformers' "
+                     "Qwen2MoeForCausalLM cannot build its sliding mask)")
+    if not kinds and type(first) is not int:
+        raise CheckpointError(f"config.json sets max_window_layers={json.dumps(first)}: not a layer count")
+    layers = marked(raw) if kinds else [i for i in range(raw["num_hidden_layers"]) if i % 2 == 0 and i < first]
+    return window, layers
+
+
 #: an architecture -> (its window, the layers that slide) as transformers derives them from a config
 SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": every_layer_slides(None),
            "SmolLM3ForCausalLM": smollm3_sliding,
@@ -378,7 +415,8 @@ SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": ev
            "MixtralForCausalLM": every_layer_slides(None),  # its class: every layer, where a window is set
            # Qwen3-MoE's class: every layer, only with use_sliding_window (its config drops the window otherwise)
            "Qwen3MoeForCausalLM": lambda raw: every_layer_slides(4096)(raw) if raw.get("use_sliding_window") else (
-               None, ())}
+               None, ()),
+           "Qwen2MoeForCausalLM": lambda raw: qwen2_moe_sliding(raw)}
 
 
 def layer_kinds(raw: dict) -> set[str]:
@@ -506,12 +544,21 @@ def granite_fields(raw: dict) -> tuple[dict, dict]:
     return raw, {"embed_scale": m["embedding_multiplier"], "logit_scale": m["logits_scaling"]}
 
 
+#: an architecture -> the keys its class reads its experts' count from, the first set one winning (Qwen2-MoE's class
+#: maps no other name to num_experts; the others map num_local_experts and num_experts to one another)
+EXPERT_KEYS = {"Qwen2MoeForCausalLM": ("num_experts",)}
+#: the MoE architectures whose class builds every layer's dense MLP (of intermediate_size) where num_experts is 0
+DENSE_WITHOUT_EXPERTS = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+
+
 def expert_count(raw: dict, arch: str) -> int:
-    """A MoE config's experts: `num_local_experts`, or `num_experts` (Qwen3-MoE's config.json; both classes map the
-    one name to the other), else the class default; 0 (Qwen3-MoE: every layer dense) or a positive int."""
-    key = next((k for k in ("num_local_experts", "num_experts") if raw.get(k) is not None), "num_local_experts")
+    """A MoE config's experts: `num_local_experts`, or `num_experts` (the Qwen MoEs' and OLMoE's config.json; each
+    class but Qwen2-MoE's maps the one name to the other: EXPERT_KEYS), else the class default; 0 (the Qwen MoEs:
+    every layer dense) or a positive int."""
+    keys = EXPERT_KEYS.get(arch, ("num_local_experts", "num_experts"))
+    key = next((k for k in keys if raw.get(k) is not None), keys[0])
     n = raw.get(key, HF_ARCHITECTURES[arch]["num_local_experts"])
-    return 0 if n == 0 and arch == "Qwen3MoeForCausalLM" else count(key, n)
+    return 0 if n == 0 and arch in DENSE_WITHOUT_EXPERTS else count(key, n)
 
 
 def expert_fields(raw: dict, arch: str, width_key: str, renorm: bool, weights_rounded: bool) -> tuple[dict, dict]:
@@ -521,7 +568,7 @@ def expert_fields(raw: dict, arch: str, width_key: str, renorm: bool, weights_ro
     scale (`weights_rounded`). The router's training knobs (aux loss, jitter) change no inference: ignored."""
     defaults = HF_ARCHITECTURES[arch]
     n = expert_count(raw, arch)
-    if not n:  # Qwen3-MoE without experts: every layer its dense MLP of intermediate_size (Qwen3's block)
+    if not n:  # a Qwen MoE without experts: every layer its dense MLP of intermediate_size (Qwen2's or 3's block)
         return raw, {}
     k = count("num_experts_per_tok", raw.get("num_experts_per_tok", defaults["num_experts_per_tok"]))
     if k > n:
@@ -531,24 +578,46 @@ def expert_fields(raw: dict, arch: str, width_key: str, renorm: bool, weights_ro
                                                  "expert_weight_round": weights_rounded}
 
 
-def qwen3_moe_fields(raw: dict) -> tuple[dict, dict]:
-    """A Qwen3-MoE config: Qwen3's keys, experts of moe_intermediate_size in every layer (a dense layer,
-    `mlp_only_layers` or a `decoder_sparse_step` other than 1, refused), renormalised by norm_topk_prob (default
-    false), the k weights rounded to the activation dtype before they scale (its router's cast)."""
+def flag(raw: dict, key: str, default: bool) -> bool:
+    """A true/false key of a config (its class default where absent); another value is refused as corrupt."""
+    value = raw.get(key, default)
+    if type(value) is not bool:
+        raise CheckpointError(f"config.json sets {key}={json.dumps(value)}: not true or false")
+    return value
+
+
+def topk_fields(raw: dict, arch: str, width_key: str) -> tuple[dict, dict]:
+    """A config whose router renormalises by norm_topk_prob (default false) and rounds the k weights to the
+    activation dtype before they scale (its router's cast: Qwen2-MoE, Qwen3-MoE, OLMoE), experts of `width_key`."""
+    return expert_fields(raw, arch, width_key, flag(raw, "norm_topk_prob", False), True)
+
+
+def qwen_moe_fields(raw: dict, arch: str) -> tuple[dict, dict]:
+    """A Qwen2-MoE or Qwen3-MoE config: experts of moe_intermediate_size in every layer (a dense layer,
+    `mlp_only_layers` or a `decoder_sparse_step` other than 1, refused), `topk_fields`' routing."""
     if raw.get("mlp_only_layers"):
         raise refuse("mlp_only_layers", raw["mlp_only_layers"], "dense layers among routed ones are not implemented")
-    if raw.get("decoder_sparse_step", 1) != 1 and expert_count(raw, "Qwen3MoeForCausalLM"):
+    if raw.get("decoder_sparse_step", 1) != 1 and expert_count(raw, arch):
         raise refuse("decoder_sparse_step", raw["decoder_sparse_step"], "dense layers among routed ones (every "
                      "layer but each decoder_sparse_step-th) are not implemented")
-    renorm = raw.get("norm_topk_prob", False)
-    if type(renorm) is not bool:
-        raise CheckpointError(f"config.json sets norm_topk_prob={json.dumps(renorm)}: not true or false")
-    return expert_fields(raw, "Qwen3MoeForCausalLM", "moe_intermediate_size", renorm, True)
+    return topk_fields(raw, arch, "moe_intermediate_size")
+
+
+def qwen2_moe_fields(raw: dict) -> tuple[dict, dict]:
+    """A Qwen2-MoE config: `qwen_moe_fields`, q/k/v biases where qkv_bias (its class's key, default true) and, beside
+    routed experts, the shared expert of shared_expert_intermediate_size."""
+    raw, extra = qwen_moe_fields(raw, "Qwen2MoeForCausalLM")
+    key, defaults = "shared_expert_intermediate_size", HF_ARCHITECTURES["Qwen2MoeForCausalLM"]
+    shared = {"shared_expert_dim": count(key, raw.get(key, defaults[key]))} if extra else {}
+    return raw, extra | shared | {"qkv_bias": flag(raw, "qkv_bias", True)}
 
 
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
 FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields,
-          "GraniteForCausalLM": granite_fields, "Qwen3MoeForCausalLM": qwen3_moe_fields,
+          "GraniteForCausalLM": granite_fields,
+          "Qwen3MoeForCausalLM": lambda raw: qwen_moe_fields(raw, "Qwen3MoeForCausalLM"),
+          "Qwen2MoeForCausalLM": qwen2_moe_fields,
+          "OlmoeForCausalLM": lambda raw: topk_fields(raw, "OlmoeForCausalLM", "intermediate_size"),
           # Mixtral: experts of intermediate_size, the k weights always renormalised, scaling in float32
           "MixtralForCausalLM": lambda raw: expert_fields(raw, "MixtralForCausalLM", "intermediate_size", True, False)}
 
@@ -637,6 +706,12 @@ EXPERT_NAMES = {"gate.weight": ("mlp.gate.weight", "ffn_gate_inp.weight"),
                 "experts.{e}.w1.weight": ("mlp.experts.{e}.gate_proj.weight", "ffn_gate_exps.weight.{e}"),
                 "experts.{e}.w3.weight": ("mlp.experts.{e}.up_proj.weight", "ffn_up_exps.weight.{e}"),
                 "experts.{e}.w2.weight": ("mlp.experts.{e}.down_proj.weight", "ffn_down_exps.weight.{e}")}
+# Qwen2-MoE's shared expert (cfg.shared_expert_dim) under feed_forward.: its SwiGLU and its gate (dim -> 1) -> (HF name,
+# GGUF name: llama.cpp's _shexp tensors, the gate's stored [dim] or [1, dim])
+SHARED_EXPERT_NAMES = {"shared_expert.w1.weight": ("mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"),
+                       "shared_expert.w3.weight": ("mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"),
+                       "shared_expert.w2.weight": ("mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"),
+                       "shared_expert_gate.weight": ("mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight")}
 # an architecture -> its checkpoints' name parts for EXPERT_NAMES' (Mixtral's legacy names, which transformers 5 still
 # saves), each a part of a tensor under `block_sparse_moe.` -> the part the loader reads
 RENAMED = {"MixtralForCausalLM": {"block_sparse_moe.": "mlp.", ".w1.weight": ".gate_proj.weight",
@@ -660,6 +735,8 @@ def layer_map(cfg: TransformerConfig, fmt: str) -> dict[str, tuple[str, ...]]:
         layer_names = {ours: theirs for ours, theirs in layer_names.items() if not ours.startswith("feed_forward.")}
         layer_names |= {f"feed_forward.{ours.format(e=e)}": tuple(name.format(e=e) for name in theirs)
                         for ours, theirs in EXPERT_NAMES.items() for e in range(cfg.n_experts)}
+        layer_names |= {f"feed_forward.{ours}": theirs for ours, theirs in SHARED_EXPERT_NAMES.items()
+                        if cfg.shared_expert_dim}
     for i in range(cfg.n_layers):
         out |= {f"layers.{i}.{ours}": names(theirs[col], LAYER_PREFIX[fmt].format(i=i))
                 for ours, theirs in layer_names.items()}

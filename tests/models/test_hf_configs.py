@@ -1048,9 +1048,13 @@ def test_granite_in_bfloat16_is_as_close_to_float32_as_transformers_bfloat16(tmp
     assert ours_err < 2 * theirs_err
 
 
-# Mixtral and Qwen3-MoE over SHAPE: 4 experts (Qwen3-MoE's of moe_intermediate_size 24), 2 a token
+# the MoEs over SHAPE: 4 experts (the Qwen MoEs' of moe_intermediate_size 24), 2 a token; Qwen2-MoE's shared expert of
+# 40; OLMoE's token ids inside the tiny vocabulary
 MOE = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
-       "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24)}
+       "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24),
+       "Qwen2MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                   shared_expert_intermediate_size=40),
+       "OlmoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, eos_token_id=None)}
 MOE_CASES = {  # name -> (architecture, overrides, the export's class)
     "mixtral": ("MixtralForCausalLM", {}, "MixtralForCausalLM"),
     "mixtral-3-of-4": ("MixtralForCausalLM", dict(num_experts_per_tok=3, head_dim=16), "MixtralForCausalLM"),
@@ -1060,11 +1064,19 @@ MOE_CASES = {  # name -> (architecture, overrides, the export's class)
                            "Qwen3MoeForCausalLM"),
     # no experts: every layer Qwen3-MoE's dense MLP of intermediate_size, Qwen3's block (exported as Qwen3)
     "qwen3-moe-dense": ("Qwen3MoeForCausalLM", dict(num_experts=0), "Qwen3ForCausalLM"),
+    # Qwen2-MoE: q/k/v biases (its qkv_bias, default true), a gated shared expert beside the routed ones
+    "qwen2-moe": ("Qwen2MoeForCausalLM", {}, "Qwen2MoeForCausalLM"),  # norm_topk_prob false (its class default)
+    "qwen2-moe-renorm-unbiased": ("Qwen2MoeForCausalLM", dict(norm_topk_prob=True, qkv_bias=False),
+                                  "Qwen2MoeForCausalLM"),
+    "qwen2-moe-dense": ("Qwen2MoeForCausalLM", dict(num_experts=0), "Qwen2ForCausalLM"),  # Qwen2's block
+    # OLMoE: Llama's pre-norms, q and k normed over their whole projections (OLMo 2's), experts of intermediate_size
+    "olmoe": ("OlmoeForCausalLM", {}, "OlmoeForCausalLM"),  # norm_topk_prob false (its class default)
+    "olmoe-renorm": ("OlmoeForCausalLM", dict(norm_topk_prob=True, tie_word_embeddings=True), "OlmoeForCausalLM"),
 }
 
 
 def moe_model(arch: str, **over):
-    """A random tiny transformers Mixtral or Qwen3-MoE (`MOE`'s experts): `hf_model`'s, its norms around 1."""
+    """A random tiny transformers MoE (`MOE`'s experts): `hf_model`'s, its norms around 1."""
     return hf_model(arch, **{**MOE[arch], **over})
 
 
@@ -1081,6 +1093,32 @@ def moe_controls(ours: Transformer) -> dict[str, Transformer]:
     return built(wrong)
 
 
+class Ungated(torch.nn.Module):
+    """A shared expert's gate whose sigmoid is exactly 1 (+inf logits): the shared expert added unscaled."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_full((*x.shape[:-1], 1), math.inf)
+
+
+def block_controls(ours: Transformer) -> dict[str, Transformer]:
+    """The loaded model with one block detail of Qwen2-MoE's or OLMoE's wrong each: the shared expert ungated
+    (`Ungated`) or dropped; q and k normed per head instead of over their whole projections (`PerHeadNorm`)."""
+    cfg, state = ours.cfg, ours.state_dict()
+    out = {}
+    if cfg.shared_expert_dim:
+        unshared = {k: v for k, v in state.items() if ".shared_expert" not in k}
+        out = built({"ungated": (cfg, state),
+                     "no_shared_expert": (dataclasses.replace(cfg, shared_expert_dim=0), unshared)})
+        for blk in out["ungated"].layers:
+            blk.feed_forward.shared_expert_gate = Ungated()
+    if cfg.qk_norm_span == "all":
+        out |= built({"per_head_norms": (cfg, state)})
+        for blk in out["per_head_norms"].layers:
+            att = blk.attention
+            att.q_norm, att.k_norm = PerHeadNorm(att.q_norm, cfg.hd), PerHeadNorm(att.k_norm, cfg.hd)
+    return out
+
+
 def re_expert(name: str, e: int) -> str:
     """An expert's parameter name under the mirrored index (expert j -> e - 1 - j); other names as they are."""
     m = re.search(r"\.experts\.(\d+)\.", name)
@@ -1089,24 +1127,29 @@ def re_expert(name: str, e: int) -> str:
 
 @pytest.mark.parametrize("case", MOE_CASES)
 def test_moe_logits_equal_transformers(case, tmp_path):
-    """Mixtral and Qwen3-MoE load exactly: each row's router softmax in float32, its top k, renormalised (Mixtral;
-    Qwen3-MoE where norm_topk_prob), the experts' SwiGLU outputs weighted and summed; uncached, through a cache (the
-    routed path at each chunk's rows), and from the hf row's export. Controls: each routing detail wrong is visibly
-    wrong (the renormalisation, k, which weights are which expert's)."""
+    """The MoEs load exactly: each row's router softmax in float32, its top k, renormalised (Mixtral; the others where
+    norm_topk_prob), the experts' SwiGLU outputs weighted and summed (Qwen2-MoE's: plus its shared expert's, scaled by
+    the sigmoid of its gate); OLMoE's q and k normed over their whole projections; uncached, through a cache (the
+    routed path at each chunk's rows), and from the hf row's export. Controls: each routing or block detail wrong is
+    visibly wrong (the renormalisation, k, which weights are which expert's, the shared expert's gate or the expert
+    itself, per-head q/k norms)."""
     arch, over, cls = MOE_CASES[case]
     theirs = moe_model(arch, **over)
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path)
     cfg = ours.cfg
-    dense = case == "qwen3-moe-dense"
+    dense, qwen2 = case.endswith("-dense"), arch == "Qwen2MoeForCausalLM"
     assert (cfg.n_experts, cfg.experts_per_token) == ((0, 0) if dense else (4, over.get("num_experts_per_tok", 2)))
     assert cfg.expert_renorm == (arch == "MixtralForCausalLM" or over.get("norm_topk_prob", False))
-    assert cfg.expert_weight_round == (arch == "Qwen3MoeForCausalLM" and not dense)
-    assert cfg.qk_norm == (arch == "Qwen3MoeForCausalLM") and cfg.hd == over.get("head_dim", 8)
-    assert cfg.ffn_dim == {"MixtralForCausalLM": 48, "Qwen3MoeForCausalLM": 48 if dense else 24}[arch]
+    assert cfg.expert_weight_round == (arch != "MixtralForCausalLM" and not dense)
+    assert cfg.qk_norm == (arch in ("Qwen3MoeForCausalLM", "OlmoeForCausalLM")) and cfg.hd == over.get("head_dim", 8)
+    assert cfg.qk_norm_span == ("all" if arch == "OlmoeForCausalLM" else "head")
+    assert (cfg.qkv_bias, cfg.shared_expert_dim) == (qwen2 and over.get("qkv_bias", True), 40 if qwen2 and not dense
+                                                     else 0)
+    assert cfg.ffn_dim == (48 if dense or arch in ("MixtralForCausalLM", "OlmoeForCausalLM") else 24)
     x = tokens(60)
     assert_exact_and_exported(ours, theirs, x, cls)
-    for name, wrong in ({} if dense else moe_controls(ours)).items():
+    for name, wrong in ({} if dense else moe_controls(ours) | block_controls(ours)).items():
         assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
 
 
@@ -1122,6 +1165,31 @@ def test_moe_sliding_windows_slide_every_layer(arch, over, tmp_path):
     assert_windowed(ours, theirs)
 
 
+def test_qwen2_moe_slides_its_classes_layers(tmp_path):
+    """Qwen2-MoE's window (with use_sliding_window) slides the layers its class marks: every even one below
+    max_window_layers (here 0 and 2 of 4), unlike Qwen2's; exact uncached, cached and exported; control: unwindowed."""
+    theirs = moe_model("Qwen2MoeForCausalLM", use_sliding_window=True, sliding_window=5, num_hidden_layers=4,
+                       max_window_layers=3)
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    assert (ours.cfg.window, ours.cfg.local_layers) == (5, (0, 2))
+    assert_windowed(ours, theirs)
+
+
+@pytest.mark.parametrize("over", [dict(use_sliding_window=True, sliding_window=5), dict(sliding_window=5),
+                                  dict(use_sliding_window=True, sliding_window=5, max_window_layers=3),
+                                  dict(use_sliding_window=True, max_window_layers=0), dict(use_sliding_window=False)])
+def test_qwen2_moe_sliding_layers_are_derived_as_its_class_derives_them(over):
+    """Without layer_types (older config.json), the sliding layers and window are transformers 5's derivation: none
+    without use_sliding_window, else the even layers below max_window_layers (default 28), window default 4096."""
+    raw = {**SHAPE, **MOE["Qwen2MoeForCausalLM"], "architectures": ["Qwen2MoeForCausalLM"], "num_hidden_layers": 6,
+           **over}
+    theirs = transformers.Qwen2MoeConfig(**raw)
+    marked = tuple(i for i, kind in enumerate(theirs.layer_types) if kind == "sliding_attention")
+    cfg = hf_config(raw)
+    assert (cfg.local_layers, cfg.window) == (marked, theirs.sliding_window if marked else 0)
+
+
 def test_a_qwen3_moe_window_without_use_sliding_window_is_dropped_as_its_class_drops_it(tmp_path):
     raw = {**SHAPE, **MOE["Qwen3MoeForCausalLM"], "architectures": ["Qwen3MoeForCausalLM"], "sliding_window": 5}
     assert hf_config(raw).window == 0 and transformers.Qwen3MoeConfig(**raw).sliding_window is None
@@ -1130,21 +1198,28 @@ def test_a_qwen3_moe_window_without_use_sliding_window_is_dropped_as_its_class_d
 def test_moe_configs_without_their_keys_take_transformers_class_defaults():
     """Mixtral's class defaults: 8 experts, 2 a token, RoPE base 1e6, 8 key/value heads, epsilon 1e-5, a 131072
     context, untied; Qwen3-MoE's: 128 experts of 768, 8 a token, norm_topk_prob false, RoPE base 1e4, 4 key/value
-    heads, epsilon 1e-6, a 32768 context, untied; both every layer routed."""
+    heads, epsilon 1e-6, a 32768 context, untied; Qwen2-MoE's: 60 experts of 1408, 4 a token, a shared expert of 5632,
+    q/k/v biases, norm_topk_prob false, 16 key/value heads, epsilon 1e-6, a 32768 context; OLMoE's: 64 experts of
+    intermediate_size, 8 a token, norm_topk_prob false, a key/value head per query head, epsilon 1e-5, a 4096 context;
+    all untied, RoPE base 1e4 but Mixtral's, every layer routed."""
     keys = ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")
-    raw = {k: v for k, v in SHAPE.items() if k not in keys} | {"num_attention_heads": 8}
+    raw = {k: v for k, v in SHAPE.items() if k not in keys} | {"num_attention_heads": 16}
     for arch, want in (("MixtralForCausalLM", (8, 2, True, 48, 8, 1e6, 1e-5, 8192)),
-                       ("Qwen3MoeForCausalLM", (128, 8, False, 768, 4, 1e4, 1e-6, 8192))):
+                       ("Qwen3MoeForCausalLM", (128, 8, False, 768, 4, 1e4, 1e-6, 8192)),
+                       ("Qwen2MoeForCausalLM", (60, 4, False, 1408, 16, 1e4, 1e-6, 8192)),
+                       ("OlmoeForCausalLM", (64, 8, False, 48, 16, 1e4, 1e-5, 4096))):
         theirs = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**raw)
         cfg = hf_config({**raw, "architectures": [arch]})
         width = getattr(theirs, "moe_intermediate_size", theirs.intermediate_size)
         renorm = getattr(theirs, "norm_topk_prob", True)  # Mixtral's router always renormalises
         assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.ffn_dim, cfg.n_kv_heads, cfg.rope_theta,
                 cfg.norm_eps, cfg.max_seq_len) == (
-            theirs.num_local_experts, theirs.num_experts_per_tok, renorm, width, theirs.num_key_value_heads,
+            theirs.num_experts, theirs.num_experts_per_tok, renorm, width, theirs.num_key_value_heads,
             theirs.rope_parameters["rope_theta"], theirs.rms_norm_eps, min(8192, theirs.max_position_embeddings)
         ) == want
         assert not cfg.tie_embeddings and not theirs.tie_word_embeddings and cfg.window == 0
+        assert (cfg.shared_expert_dim, cfg.qkv_bias) == ((theirs.shared_expert_intermediate_size, theirs.qkv_bias)
+                                                         if arch == "Qwen2MoeForCausalLM" else (0, False))
 
 
 @pytest.mark.parametrize("arch,over,error,says", [
@@ -1158,6 +1233,20 @@ def test_moe_configs_without_their_keys_take_transformers_class_defaults():
     ("MixtralForCausalLM", dict(num_experts_per_tok=5), CheckpointError, "num_experts_per_tok=5: more than its 4"),
     ("MixtralForCausalLM", dict(num_experts_per_tok=0), CheckpointError, "num_experts_per_tok=0: not a positive"),
     ("MixtralForCausalLM", dict(hidden_act="gelu"), UsageError, "hidden_act=\"gelu\": specgen's MixtralForCausalLM"),
+    ("Qwen2MoeForCausalLM", dict(mlp_only_layers=[0]), UsageError, r"sets mlp_only_layers=\[0\]: dense layers"),
+    ("Qwen2MoeForCausalLM", dict(decoder_sparse_step=2), UsageError, "sets decoder_sparse_step=2: dense layers"),
+    ("Qwen2MoeForCausalLM", dict(qkv_bias="yes"), CheckpointError, 'qkv_bias="yes": not true or false'),
+    # transformers' class fails to decode both: no sliding mask without a window; a sliding layer's window of 0
+    ("Qwen2MoeForCausalLM", dict(use_sliding_window=True, sliding_window=None), UsageError,
+     "sets sliding_window=null: use_sliding_window without a window"),
+    ("Qwen2MoeForCausalLM", dict(layer_types=["sliding_attention", "full_attention"]), UsageError,
+     r'sets layer_types=\["full_attention", "sliding_attention"\]: sliding_attention layers without use_sliding'),
+    ("OlmoeForCausalLM", dict(clip_qkv=8.0), UsageError, "sets clip_qkv=8.0: clamping q, k and v is not implemented"),
+    ("OlmoeForCausalLM", dict(attention_bias=True), UsageError, "sets attention_bias=true: biases"),
+    ("OlmoeForCausalLM", dict(sliding_window=16), UsageError, "sets sliding_window=16: transformers' OlmoeForCausalLM "
+                                                              "slides only under flash attention"),
+    ("OlmoeForCausalLM", dict(num_experts=0), CheckpointError, "num_experts=0: not a positive integer"),
+    ("OlmoeForCausalLM", dict(norm_topk_prob=1), CheckpointError, "norm_topk_prob=1: not true or false"),
 ])
 def test_a_moe_key_specgen_does_not_implement_is_one_line_naming_it(arch, over, error, says):
     raw = {**SHAPE, **MOE[arch], "architectures": [arch], **over}
@@ -1180,6 +1269,8 @@ def test_training_only_router_keys_change_nothing():
     (dict(experts_per_token=2), "experts_per_token 2 must be 1 to n_experts \\(0\\) with experts, 0 without"),
     (dict(expert_renorm=True), "expert_renorm and expert_weight_round route experts: they need n_experts"),
     (dict(n_experts=4, experts_per_token=2, expert_renorm="yes"), "expert_renorm 'yes' is not true or false"),
+    (dict(shared_expert_dim=8), "shared_expert_dim 8 must be a width .* beside routed experts"),
+    (dict(n_experts=4, experts_per_token=2, shared_expert_dim=-1), "shared_expert_dim -1 must be a width"),
 ])
 def test_expert_fields_that_build_no_block_are_one_line(over, says):
     from tests.conftest import tiny_config
@@ -1190,22 +1281,27 @@ def test_expert_fields_that_build_no_block_are_one_line(over, says):
 
 
 def test_a_routed_block_that_no_moe_class_expresses_is_not_exported():
-    """to_hf exports routed experts as Qwen3-MoE (q/k norms) or Mixtral (the k weights renormalised): neither has
-    Gemma's gate or unrenormalised weights without q/k norms."""
-    from tests.conftest import MOE as TINY_MOE, tiny_model
+    """to_hf exports routed experts as Mixtral (the k weights renormalised), Qwen2-MoE (a shared expert), Qwen3-MoE
+    (per-head q/k norms) or OLMoE (whole-projection q/k norms): none has Gemma's gate, unrenormalised weights without
+    q/k norms or a shared expert, a shared expert beside q/k norms, or OLMoE's norms with a window or biases."""
+    from tests.conftest import MOE as TINY_MOE, OLMOE, tiny_model
 
-    for over in (dict(ffn_act="gelu_tanh"), dict(expert_renorm=False)):
-        with pytest.raises(ValueError, match="as Mixtral or Qwen3-MoE"):
-            to_hf(tiny_model(0, **{**TINY_MOE, **over}))
+    for over in (dict(TINY_MOE, ffn_act="gelu_tanh"), dict(TINY_MOE, expert_renorm=False),
+                 dict(TINY_MOE, shared_expert_dim=16, qk_norm=True), dict(OLMOE, local_layers=(0,), window=4),
+                 dict(OLMOE, qkv_bias=True)):
+        with pytest.raises(ValueError, match="^to_hf exports routed experts as Mixtral .*, Qwen2-MoE .*, Qwen3-MoE"):
+            to_hf(tiny_model(0, **over))
 
 
 @pytest.mark.parametrize("arch,over", [("MixtralForCausalLM", {}), ("Qwen3MoeForCausalLM", dict(norm_topk_prob=True)),
-                                       ("Qwen3MoeForCausalLM", {})])
+                                       ("Qwen3MoeForCausalLM", {}), ("Qwen2MoeForCausalLM", {}),
+                                       ("OlmoeForCausalLM", dict(norm_topk_prob=True))])
 def test_a_bf16_moe_block_gives_transformers_bits(arch, over, tmp_path):
     """In bfloat16 a routed feed-forward is bitwise transformers' (its default experts forward, grouped_mm): router
     logits in the dtype, softmax in float32, top k, renormalised; Mixtral's products with the float32 weights and
-    their sum in float32, rounded once; Qwen3-MoE's weights rounded to the dtype first, products and sum in it. The
-    control: the other rounding order (expert_weight_round flipped) gives other bits."""
+    their sum in float32, rounded once; the others' weights rounded to the dtype first, products and sum in it
+    (Qwen2-MoE's gated shared expert added in the dtype). The control: the other rounding order (expert_weight_round
+    flipped) gives other bits."""
     theirs = moe_model(arch, **over)
     theirs.save_pretrained(tmp_path)
     ours = load(tmp_path).to(torch.bfloat16)
