@@ -16,7 +16,7 @@ from specgen.models.transformer import TransformerConfig
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
                 "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half",
                 "granite": "interleaved",  # granite: llama.cpp's NORM RoPE, q/k permuted by its (Llama's) converter
-                "qwen3moe": "half"}
+                "qwen3moe": "half", "qwen2moe": "half", "olmoe": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -182,23 +182,45 @@ def granite_fold(cfg: TransformerConfig, reader, source: str) -> Callable[[str, 
     return granite_scales(cfg, attention, residual, ("attn_q.weight", "attn_output.weight", "ffn_down.weight"))
 
 
-#: the architectures whose routed GGUFs load -> the key of their experts' width: llama (Mixtral: its feed-forward
-#: length), qwen3moe (every layer routed, as llama.cpp's qwen3moe graph builds it)
-ROUTED = {"llama": "feed_forward_length", "qwen3moe": "expert_feed_forward_length"}
+#: the architectures whose routed GGUFs load -> (the key of their experts' width, whether llama.cpp's graph
+#: renormalises the k weights: its build_moe_ffn's fixed norm_w, whatever the HF config's norm_topk_prob was): llama
+#: (Mixtral: its feed-forward length, renormalised), qwen3moe (renormalised), qwen2moe and olmoe (not), every layer
+#: routed, as llama.cpp's graphs build them
+ROUTED = {"llama": ("feed_forward_length", True), "qwen3moe": ("expert_feed_forward_length", True),
+          "qwen2moe": ("expert_feed_forward_length", False), "olmoe": ("feed_forward_length", False)}
 
 
 def expert_fields(reader, arch: str, source: str) -> dict:
-    """A routed GGUF's fields (`<arch>.expert_count` set: Mixtral's llama, qwen3moe): E experts, `expert_used_count` a
-    token, the k weights renormalised and scaled in float32 as llama.cpp's graphs do (softmax gating, norm_w true in
-    both, whatever the HF config's norm_topk_prob was); {} without experts. A weight scale other than 1 is refused."""
+    """A routed GGUF's fields (`<arch>.expert_count` set: ROUTED's architectures): E experts, `expert_used_count` a
+    token, the k weights renormalised or not as llama.cpp's graph does (ROUTED), scaled in float32 (softmax gating);
+    {} without experts. A weight scale other than 1 is refused, and so is an `expert_weights_norm` other than the
+    graph's (which it never reads: the file says another model than llama.cpp runs)."""
     if not gguf_field(reader, f"{arch}.expert_count"):
         return {}
     if gguf_field(reader, f"{arch}.expert_weights_scale", 0.0) not in (0, 1):
         raise UsageError(f"GGUF file {source} sets {arch}.expert_weights_scale="
                          f"{gguf_field(reader, f'{arch}.expert_weights_scale')}: scaled expert weights are not "
                          "implemented")
+    renorm = ROUTED[arch][1]
+    if gguf_field(reader, f"{arch}.expert_weights_norm", renorm) != renorm:
+        raise UsageError(f"GGUF file {source} sets {arch}.expert_weights_norm={str(not renorm).lower()}: llama.cpp's "
+                         f"{arch} graph {'always' if renorm else 'never'} renormalises the k expert weights (it reads "
+                         "no such key), so the file says another model than llama.cpp runs; import the HF folder")
     return {"n_experts": gguf_count(reader, f"{arch}.expert_count", source),
-            "experts_per_token": gguf_count(reader, f"{arch}.expert_used_count", source), "expert_renorm": True}
+            "experts_per_token": gguf_count(reader, f"{arch}.expert_used_count", source), "expert_renorm": renorm}
+
+
+def qwen2moe_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig field a qwen2moe GGUF adds to Qwen2's (q/k/v biases where the file holds them): its shared
+    expert, of `qwen2moe.expert_shared_feed_forward_length` (else the feed-forward length, as llama.cpp reads it)."""
+    key = "qwen2moe.expert_shared_feed_forward_length"
+    return {"shared_expert_dim": gguf_count(reader, key, source, gguf_field(reader, "qwen2moe.feed_forward_length"))}
+
+
+def shared_gate_rows(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A qwen2moe tensor as specgen's model reads it: the shared expert's gate, stored [dim] (llama.cpp's shape) or
+    [1, dim], as the Linear's [1, dim]; the others as they are."""
+    return t.reshape(1, -1) if name.endswith("ffn_gate_inp_shexp.weight") and t.dim() == 1 else t
 
 
 def expert_slices(cfg: TransformerConfig, names: set[str], stored: Callable[[str], torch.Tensor | None], source: str
@@ -230,7 +252,9 @@ GGUF_FIELDS = {
     "gemma": (gemma_fields, None),
     "gemma2": (gemma2_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA2_27B_LAYERS, "attn_q.weight")),
     "gemma3": (gemma3_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA3_27B_LAYERS, "attn_q_norm.weight")),
-    "olmo2": (olmo2_fields, None), "granite": (granite_fields, granite_fold)}
+    "olmo2": (olmo2_fields, None), "granite": (granite_fields, granite_fold),
+    "qwen2moe": (qwen2moe_fields, lambda *_: shared_gate_rows),
+    "olmoe": (lambda *_: {"qk_norm_span": "all"}, None)}  # OLMoE: q's and k's norms over their whole projections
 
 
 def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) -> Loaded:
@@ -249,7 +273,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
     experts = gguf_field(reader, f"{arch}.expert_count")
     if experts and arch not in ROUTED:  # another architecture's routing as llama.cpp builds it is not mapped here
         raise UsageError(f"GGUF file {path.name} sets {arch}.expert_count={experts}: a mixture of experts; specgen "
-                         f"loads routed GGUFs of {' and '.join(ROUTED)} only")
+                         f"loads routed GGUFs of {', '.join(ROUTED)} only")
     if arch not in GGUF_LAYOUTS:
         raise UsageError(f"unsupported GGUF architecture {arch!r}; supported: {', '.join(GGUF_LAYOUTS)}")
     tensors = {t.name: t for t in reader.tensors}
@@ -289,7 +313,8 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         cfg = TransformerConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[-1]), dim=dim, n_layers=n_layers, n_heads=n_heads,
             n_kv_heads=gguf_count(reader, f"{arch}.attention.head_count_kv", path.name, n_heads),
-            ffn_dim=gguf_count(reader, f"{arch}.{ROUTED.get(arch, 'feed_forward_length')}", path.name),
+            ffn_dim=gguf_count(reader, f"{arch}.{ROUTED[arch][0] if arch in ROUTED else 'feed_forward_length'}",
+                               path.name),
             head_dim=0 if head_dim == dim // n_heads else head_dim,  # 0: dim // n_heads, as before key_length was read
             norm_eps=gguf_positive(reader, f"{arch}.attention.layer_norm_rms_epsilon", path.name, 1e-5),
             rope_theta=gguf_positive(reader, f"{arch}.rope.freq_base", path.name, 10000.0),

@@ -657,6 +657,85 @@ def test_a_qwen3moe_gguf_decodes_as_transformers_qwen3_moe_does_with_norm_topk_p
             torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("gate_rows", [1, 0], ids=["gate-1xdim", "gate-dim"])
+def test_a_qwen2moe_gguf_decodes_as_transformers_qwen2_moe_does_without_norm_topk_prob(gate_rows, tmp_path):
+    """A qwen2moe GGUF (q/k/v biases, `qwen2moe.expert_feed_forward_length` the routed experts' width and
+    `expert_shared_feed_forward_length` the shared expert's, its `_shexp` tensors, its gate `ffn_gate_inp_shexp`
+    stored [1, dim] or llama.cpp's [dim]) gives transformers' Qwen2-MoE logits where norm_topk_prob is false:
+    llama.cpp's qwen2moe graph never renormalises the k weights; the control: a renormalising checkpoint's own
+    transformers logits differ."""
+    from tests.models.test_hf_configs import moe_model
+
+    for renorm in (False, True):
+        theirs = moe_model("Qwen2MoeForCausalLM", norm_topk_prob=renorm)
+        theirs.save_pretrained(tmp_path)
+        loaded = load_hf_folder(tmp_path)
+        state = {k: v.reshape(-1) if k.endswith("shared_expert_gate.weight") and not gate_rows else v
+                 for k, v in loaded.state.items()}
+        path = tmp_path / "qwen2moe.gguf"
+        write_gguf(path, loaded.cfg, state, arch="qwen2moe", expert_count=4, expert_used_count=2,
+                   expert_feed_forward_length=24, expert_shared_feed_forward_length=40)
+        got = load_gguf(path)
+        cfg = got.cfg
+        assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.ffn_dim, cfg.shared_expert_dim,
+                cfg.qkv_bias) == (4, 2, False, 24, 40, True)
+        ours = Transformer(got.cfg).eval()
+        ours.load_state_dict(got.state)
+        x = tokens(60)
+        gap = (logits(ours, x) - logits(theirs, x)).abs().max()
+        assert gap > 1e-2 if renorm else gap < 1e-4
+        if not renorm:
+            torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+
+
+def test_an_olmoe_gguf_decodes_as_transformers_olmoe(tmp_path):
+    """An olmoe GGUF (NEOX RoPE: q/k rows in halves; `attn_q_norm` and `attn_k_norm` over the whole projections,
+    [dim] each as llama.cpp shapes them, one key/value head a query head; experts of the feed-forward length, never
+    renormalised, as llama.cpp's olmoe graph) gives transformers' OLMoE logits, uncached and cached, and so does the
+    `hf` row's export of it; an `olmoe.expert_weights_norm` of false, the graph's, loads. Control: its q/k norms read
+    per head (Qwen3's span) are visibly wrong."""
+    from tests.models.test_hf_configs import block_controls, moe_model
+
+    theirs = moe_model("OlmoeForCausalLM", num_key_value_heads=4)
+    theirs.save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    path = tmp_path / "olmoe.gguf"
+    write_gguf(path, loaded.cfg, loaded.state, arch="olmoe", expert_count=4, expert_used_count=2,
+               expert_weights_norm=False)
+    got = load_gguf(path)
+    cfg = got.cfg
+    assert (cfg.n_experts, cfg.experts_per_token, cfg.expert_renorm, cfg.ffn_dim, cfg.qk_norm_span) == (
+        4, 2, False, 48, "all")
+    ours = Transformer(got.cfg).eval()
+    ours.load_state_dict(got.state)
+    x = tokens(60)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    assert (logits(block_controls(ours)["per_head_norms"], x) - logits(theirs, x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("arch,norm", [("qwen2moe", True), ("olmoe", True), ("qwen3moe", False), ("llama", False)])
+def test_an_expert_weights_norm_other_than_the_graphs_is_one_line(arch, norm, tmp_path):
+    """`<arch>.expert_weights_norm`, which llama.cpp's llama, qwen2moe, qwen3moe and olmoe graphs never read (their
+    norm_w is fixed: renormalised for llama and qwen3moe, not for qwen2moe and olmoe), is refused where it says
+    otherwise than the graph: the file describes another model than llama.cpp runs."""
+    from tests.models.test_hf_configs import moe_model
+
+    hf_arch = {"qwen2moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM",
+               "llama": "MixtralForCausalLM"}[arch]
+    moe_model(hf_arch).save_pretrained(tmp_path)
+    loaded = load_hf_folder(tmp_path)
+    width = dict(expert_feed_forward_length=24) if arch in ("qwen2moe", "qwen3moe") else {}
+    shared = dict(expert_shared_feed_forward_length=40) if arch == "qwen2moe" else {}
+    write_gguf(tmp_path / "n.gguf", loaded.cfg, loaded.state, arch=arch, expert_count=4, expert_used_count=2,
+               expert_weights_norm=norm, **width, **shared)
+    never = "never" if norm else "always"
+    with pytest.raises(UsageError, match=f"^GGUF file n.gguf sets {arch}.expert_weights_norm={str(norm).lower()}: "
+                                         f"llama.cpp's {arch} graph {never} renormalises the k expert weights"):
+        load_gguf(tmp_path / "n.gguf")
+
+
 def test_a_mixtral_gguf_decodes_as_transformers_mixtral(tmp_path):
     """A Mixtral GGUF as llama.cpp's converter writes one (llama, `llama.expert_count` and `expert_used_count`, the
     router `ffn_gate_inp`, each layer's experts stacked [E, out, in] in `ffn_{gate,up,down}_exps`, q/k rows permuted)
@@ -701,7 +780,7 @@ def test_a_mixtral_gguf_with_stacks_of_other_experts_or_no_used_count_is_one_lin
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("arch", ["qwen2moe", "deepseek2"])
+@pytest.mark.parametrize("arch", ["dbrx", "deepseek2"])
 def test_a_mixture_of_experts_gguf_other_than_mixtrals_is_refused_in_one_line(arch, tmp_path):
     """A routed GGUF of another architecture than llama (Mixtral's), a router `ffn_gate_inp` and 3-D expert stacks
     per layer, is refused in one line naming the key and where such models load (HF folders), never loaded with its
@@ -716,7 +795,7 @@ def test_a_mixture_of_experts_gguf_other_than_mixtrals_is_refused_in_one_line(ar
     path = tmp_path / "moe.gguf"
     write_gguf(path, cfg, loaded.state, stacks, arch=arch, expert_count=e, expert_used_count=2)
     with pytest.raises(UsageError, match=f"^GGUF file moe.gguf sets {arch}.expert_count=4: a mixture of experts; "
-                                         "specgen loads routed GGUFs of llama and qwen3moe only$"):
+                                         "specgen loads routed GGUFs of llama, qwen3moe, qwen2moe, olmoe only$"):
         load_gguf(path)
 
 
