@@ -20,8 +20,8 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, MOE, OLMO2, SLIDING, method_drafter,
-                            tiny_model, unwindowed)
+from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, MOE, OLMO2, OLMOE, QWEN2_MOE, SLIDING,
+                            method_drafter, tiny_model, unwindowed)
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -83,9 +83,10 @@ def fake_step(model, bucket: Bucket, step=target_step):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bucket", [Bucket(1, 1, 64), Bucket(2, 8, 64)])
-@pytest.mark.parametrize("over", [{}, MOE], ids=["llama", "moe"])
+@pytest.mark.parametrize("over", [{}, MOE, QWEN2_MOE], ids=["llama", "moe", "qwen2-moe"])
 def test_static_step_reads_nothing_on_the_host_and_keeps_the_bucket_shape(dtype, bucket, over):
-    """(A routed feed-forward too: its static path, `moe.static_routing`, sizes nothing by the routing.)"""
+    """(A routed feed-forward too: its static path, `moe.static_routing`, sizes nothing by the routing; Qwen2-MoE's
+    shared expert pads its gate to whole lanes by shapes alone.)"""
     model = tiny_model(0, **over).to(dtype)
     logits, hidden = fake_step(model, bucket)
     assert logits.shape == (bucket.rows, bucket.nodes, model.cfg.vocab_size)
@@ -172,6 +173,13 @@ TARGETS = {
     # Mixtral's routed experts in Llama's block (its residual adds in the fused norms); the renormalisation and k each
     # change the tokens
     "moe": (MOE, 24, [{**MOE, "expert_renorm": False}, {**MOE, "experts_per_token": 1}]),
+    # Qwen2-MoE: q/k/v biases, routed experts unrenormalised beside a shared expert gated per row (its sigmoid over
+    # whole lanes: the float32 CPU sigmoid's scalar tail would give a row other bits among other row counts); the
+    # renormalisation and the shared expert each change the tokens
+    "qwen2-moe": (QWEN2_MOE, 24, [{**QWEN2_MOE, "expert_renorm": True}, {**QWEN2_MOE, "shared_expert_dim": 0}]),
+    # OLMoE: pre-norms with q and k normed over their whole projections, routed experts; per-head norms and the
+    # renormalisation each change the tokens
+    "olmoe": (OLMOE, 24, [{**OLMOE, "qk_norm_span": "head"}, {**OLMOE, "expert_renorm": True}]),
     # local layers sliding over a window of 5-6 positions, decoded well past it from prompts of 12 and 7 tokens
     **{f"sliding-{kind}": (over, 40, [unwindowed(over)]) for kind, over in SLIDING.items()},
 }
