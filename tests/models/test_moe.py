@@ -206,10 +206,12 @@ def test_a_lora_adapter_merges_into_an_experts_weights():
                                  "layers.0.feed_forward.experts.4.w1.lora_B": b}, rank=2, alpha=4.0)
 
 
-@pytest.mark.parametrize("method", ["jacobi", "ngram"])
-def test_a_moe_registry_target_generates_ar_tokens_through_the_cli(tmp_path, monkeypatch, method):
+@pytest.mark.parametrize("method,over", [("jacobi", MOE), ("ngram", MOE), ("ngram", QWEN2_MOE)],
+                         ids=["jacobi", "ngram", "ngram-qwen2-moe"])
+def test_a_moe_registry_target_generates_ar_tokens_through_the_cli(tmp_path, monkeypatch, method, over):
     """A routed target stored in the registry loads in its decode layout (its experts' and router's Linears as every
-    other's) and `specgen generate` with a lossless method gives AR's 16 tokens."""
+    other's; Qwen2-MoE's shared expert and its one-row gate too) and `specgen generate` with a lossless method gives
+    AR's 16 tokens."""
     import json
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -221,7 +223,7 @@ def test_a_moe_registry_target_generates_ar_tokens_through_the_cli(tmp_path, mon
     tok = Tokenizer(models.WordLevel({chr(i): i - 32 for i in range(32, 96)}, unk_token="?"))
     tok.pre_tokenizer, tok.decoder = pre_tokenizers.Split("", behavior="isolated"), decoders.Fuse()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?", eos_token="_")
-    model = tiny_model(0, **MOE)
+    model = tiny_model(0, **over)
     meta = {"builder": "transformer", "kwargs": model.cfg.to_dict(), "vocab_size": 64, "modality": "text",
             "tokenizer": True}
     registry.save("target", "tiny-moe", model.state_dict(), meta, extra=lambda d: hf.save_pretrained(str(d)))
