@@ -26,7 +26,7 @@ from torch import nn
 # multiples of LANES (every real model's), a [T, 1] gate's never (its tail moves with T), so the shared expert's
 # sigmoid is taken over its rows padded to LANES (`lane_sigmoid`).
 
-LANES = 64  # a multiple of every CPU vector loop's step (AVX-512's two 16-float registers: 32)
+LANES = 64  # a multiple of every CPU vector loop's step (two registers a step: AVX-512's 32 floats, 64 bfloat16s)
 
 _STATIC: ContextVar[bool] = ContextVar("specgen_static_routing", default=False)
 
