@@ -258,3 +258,29 @@ def test_lora_trains_through_the_routed_path_and_merges_into_the_experts():
     with torch.no_grad():
         torch.testing.assert_close(merged(x, pos)[0], wrapped, atol=1e-4, rtol=1e-4)
         assert (tiny_model(0, **MOE)(x, pos)[0] - wrapped).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("over,cls", [(QWEN2_MOE, "Qwen2MoeForCausalLM"), (OLMOE, "OlmoeForCausalLM")],
+                         ids=["qwen2-moe", "olmoe"])
+def test_the_hf_rows_of_a_qwen2_moe_or_olmoe_target_decode_what_ar_decodes(over, cls):
+    """A Qwen2-MoE block (a shared expert) exports as transformers' Qwen2MoeForCausalLM, an OLMoE block (whole-span
+    q/k norms beside pre-norms) as OlmoeForCausalLM, whose `hf`, `hf-lookup` and `hf-compiled` (uncompiled here) rows
+    (eval/hf_rows.py) decode AR's tokens. Control: AR of the same weights routing one expert a token decodes others."""
+    from specgen.decoding.sampling import SamplingParams
+    from specgen.decoding.target import ModelTarget
+    from specgen.eval.hf_rows import generate_padded, one_token, timed_static_greedy
+    from specgen.methods import run_batch
+    from specgen.methods.text import EmptyDrafter
+    from specgen.models.hf_export import to_hf
+
+    prompt = PROMPT[:8]
+    model = tiny_model(0, **over)
+    ar = run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [prompt], 30, SamplingParams()).results[0].tokens
+    hf = to_hf(model).eval()
+    assert type(hf).__name__ == cls
+    got = [timed_static_greedy(hf, one_token, prompt, 30)[0], generate_padded(hf, [prompt], 30)[0][0],
+           generate_padded(hf, [prompt], 30, prompt_lookup_num_tokens=10)[0][0]]
+    assert got == [list(ar)] * 3
+    other = tiny_model(0, **{**over, "experts_per_token": 1})
+    assert run_batch(ModelTarget(other), lambda i: EmptyDrafter(), [prompt], 30,
+                     SamplingParams()).results[0].tokens != ar
