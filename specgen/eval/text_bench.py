@@ -80,6 +80,16 @@ class TextBenchConfig:
     chat: bool = True  # text prompts through the chat template (false: raw, as `generate --no-chat`), every row
 
 
+def stops_said(cfg: TextBenchConfig) -> str:
+    """The stop strings every row ends at, as written (a dry run's row, the table's title): "" for none."""
+    return ", ".join(map(repr, cfg.stop))
+
+
+def prompts_said(cfg: TextBenchConfig) -> str:
+    """How the prompts are fed, in words: "" through the chat template (the default)."""
+    return "" if cfg.chat else "raw (no chat template)"
+
+
 def row_method(row: str) -> str:
     """The method a row runs: `pcllm@n8`, `pcllm:n8` -> `pcllm` (variant rows), `ar@NAME` -> `ar`."""
     return row.split("@")[0].split(":")[0]
