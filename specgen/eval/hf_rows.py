@@ -54,16 +54,22 @@ class HfGenerate:
         return runs, total
 
 
+#: generate's arguments whose steps may add several tokens (prompt lookup, assisted generation)
+MULTI_TOKEN = {"prompt_lookup_num_tokens", "assistant_model"}
+
+
 def generate_padded(hf, prompts: list[list[int]], n: int, stops: Stops = Stops(),
                     **kwargs) -> tuple[list[list[int]], int, float]:
     """Greedy `generate` of left-padded prompts, at most n new tokens each: (each row's new tokens as specgen keeps
-    them, `Stops.kept`; forwards; seconds), forwards counted with a pre-forward hook. A row ends at specgen's stops
+    them, `Stops.kept`; forwards; seconds), forwards counted with a pre-forward hook. transformers' eos check reads
+    a step's last token: with stop strings, or steps of several tokens (`MULTI_TOKEN`), a row ends at specgen's rule
     (`StopCheck`), not at transformers' `stop_strings`, which matched into the prompt and missed a string completed
-    within a multi-token step."""
+    within a multi-token step; one token a step and stop ids alone, its eos check is that rule."""
     from transformers import StoppingCriteriaList  # deferred: transformers loads only for a peer row
 
     calls = [0]
     pad, width = (stops.ids[0] if stops.ids else 0), max(map(len, prompts))
+    checks = [StopCheck(stops, width, n)] if stops.strings or MULTI_TOKEN & kwargs.keys() else []
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)  # [b, width]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
     handle = hf.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
@@ -72,7 +78,7 @@ def generate_padded(hf, prompts: list[list[int]], n: int, stops: Stops = Stops()
         with torch.inference_mode():
             out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
                               eos_token_id=list(stops.ids) or None, pad_token_id=pad,
-                              stopping_criteria=StoppingCriteriaList([StopCheck(stops, width, n)]), **kwargs)
+                              stopping_criteria=StoppingCriteriaList(checks), **kwargs)
     finally:
         handle.remove()
     seconds, rows = now(hf.device) - t0, out[:, width:].tolist()
@@ -82,7 +88,7 @@ def generate_padded(hf, prompts: list[list[int]], n: int, stops: Stops = Stops()
 class StopCheck:
     """A transformers stopping criterion that ends each row where specgen's loop ends it (`Stops.end`): its generated
     tokens alone (past the `width` prompt columns) looked at, each new one once, those of a multi-token step (prompt
-    lookup, assisted) included; transformers' own eos check reads only a step's last token."""
+    lookup, assisted) included."""
 
     def __init__(self, stops: Stops, width: int, limit: int) -> None:
         self.stops, self.width, self.limit = stops, width, limit

@@ -107,6 +107,7 @@ def test_stop_ids_end_the_hf_rows_as_specgens():
     assert kept == plain[: plain.index(plain[6]) + 1]
     hf = to_hf(model).eval()
     assert generate_padded(hf, [PROMPT], N, stops)[0] == [kept]
+    assert generate_padded(hf, [PROMPT], N, stops, prompt_lookup_num_tokens=10)[0] == [kept]
     assert timed_static_greedy(hf, one_token, PROMPT, N, stops)[0] == kept
 
 
