@@ -24,6 +24,8 @@ EPILOG = """examples:
 
   specgen benchmark --suite humaneval --methods ar,ngram --limit 5 --format json | jq '.[] | .speedup_vs_ar'
 
+  specgen benchmark --suite text --prompts stubs.txt --no-chat --stop $'\\ndef ' --stop $'\\nclass '   # Codex-style
+
   specgen benchmark --config recipes/tiny/bench-humaneval.yaml --out rows.jsonl options.ngram.num_draft=3
 
   specgen benchmark --config recipes/tiny/bench-humaneval.yaml 'sweep.ngram.num_draft=[2,8]'   # rows ngram@num_draft=2, =8
@@ -54,9 +56,17 @@ SUITE_KEYS = {"methods": {**dict.fromkeys(TEXT, "methods"), "images": "methods",
               "offset": dict.fromkeys((*TEXT, "meshes"), "offset"),
               "max_new_tokens": dict.fromkeys((*TEXT, "meshes"), "max_new_tokens"),
               "quantize": dict.fromkeys(TEXT, "quantize"), "prompts": {"text": "prompts"},
-              "prompt_field": {"text": "prompt_field"}, "category_field": {"text": "category_field"}}
+              "prompt_field": {"text": "prompt_field"}, "category_field": {"text": "category_field"},
+              "stop": dict.fromkeys(TEXT, "stop"), "chat": dict.fromkeys(TEXT, "chat")}
 #: option -> how another suite does what it does (README: --quantize is for every modality)
 ELSEWHERE = {"quantize": "quantized rows: dtypes={{ROW: {value}}} (docs/precision.md)"}
+#: option -> value -> the flag that gives it, where the flag is not the option's name (`--no-chat`: chat false)
+FLAGS = {"chat": {True: "--chat", False: "--no-chat"}}
+
+
+def flag(option: str, value) -> str:
+    """The command-line flag that gave `option` this `value` (as a refusal names it)."""
+    return FLAGS[option][value] if option in FLAGS else f"--{option.replace('_', '-')}"
 
 
 @command
@@ -81,6 +91,13 @@ def benchmark(
     prompt_field: PromptFieldOpt = None,
     category_field: Annotated[Optional[str], typer.Option(
         "--category-field", help="\\[text] The record field holding its category (default: category).")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(
+        "--stop", help="\\[text] Stop string (repeatable; recipe key stop): every row, peer rows included, ends at "
+                       "the token whose text completes the first one, as `generate --stop` ends; speeds count the "
+                       "tokens kept.")] = None,
+    chat: Annotated[Optional[bool], typer.Option(
+        "--chat/--no-chat", help="\\[text] Text prompts through the chat template (default; recipe key chat), or raw "
+                                 "as `generate --no-chat` feeds them: the same prompt ids for every row.")] = None,
     batch_size: Annotated[Optional[str], typer.Option(
         "--batch-size", help="Batch sizes, comma-separated (e.g. 1,4,16): B slots of continuous batching (B > 1 "
                             "rows add throughput and latency).")] = None,
@@ -121,7 +138,7 @@ def benchmark(
                     "--prompt-field": prompt_field, "--category-field": category_field, "--batch-size": batch_size,
                     "--run-dir": run_dir, "--shard": shard, "--dry-run": dry_run or None, "--seed": seed,
                     "--device": device, "--graphs": graphs, "--dtype": dtype, "--quantize": quantize,
-                    "--config": config}
+                    "--config": config, "--stop": stop or None, flag("chat", bool(chat)): chat}
         given = next((o for o, v in run_only.items() if v is not None), None)
         if given is not None:
             raise UsageError(f"{given} does not apply to `benchmark report`, which prints the run folder's rows as "
@@ -151,14 +168,15 @@ def benchmark(
     if sizes is not None:
         spelled["batch_sizes"] = "--batch-size"
     given = dict(methods=names, limit=limit, offset=offset, max_new_tokens=max_new_tokens, quantize=quantize,
-                 prompts=prompts, prompt_field=prompt_field, category_field=category_field)
+                 prompts=prompts, prompt_field=prompt_field, category_field=category_field, stop=stop or None,
+                 chat=chat)
     for option, value in ((o, v) for o, v in given.items() if v is not None):
         if suite not in SUITE_KEYS[option]:
             hint = ELSEWHERE[option].format(value=value) if option in ELSEWHERE else ""
-            raise UsageError(f"--{option.replace('_', '-')} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
+            raise UsageError(f"{flag(option, value)} is for --suite {' or '.join(SUITE_KEYS[option])}; it is "
                              f"not an option of the {suite} suite" + (f"; {hint}" if hint else ""))
         explicit[SUITE_KEYS[option][suite]] = value
-        spelled[SUITE_KEYS[option][suite]] = f"--{option.replace('_', '-')}"
+        spelled[SUITE_KEYS[option][suite]] = flag(option, value)
     if dry_run:  # the recipe as this command line would run it: its options are checked, not ignored
         # the suite as the run takes it: the option's, else the recipe's (its own check), else the default
         checked = {k: v for k, v in explicit.items() if v is not None and (k != "suite" or given_suite or not config)}

@@ -22,9 +22,9 @@ from specgen.eval.graph_use import timed_note
 from specgen.eval.image_bench import (ImageBenchConfig, check_classifier, check_out_dir, checked_rows, image_rows_of,
                                       measure_images, write_outputs)
 from specgen.eval.mesh_bench import MeshBenchConfig, measure_meshes, mesh_rows_of, variants
-from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, wait_for_ranks
+from specgen.eval.run_dir import Grid, RunDir, RunNotFinished, defaults_of, wait_for_ranks
 from specgen.eval.text_bench import (TextBenchConfig, UnregisteredRowModel, check_prompts_fit, check_row_models,
-                                     measure, plan, resolved_of, rows_of)
+                                     measure, plan, prompts_said, resolved_of, rows_of, stops_said)
 from specgen.generate.image import load_image_model
 from specgen.machine import label, machine_facts
 from specgen.models.graphs import check_mode
@@ -95,8 +95,10 @@ class TextSuite:
     def tables(self, rows: list[dict], p, sink) -> list[Table]:
         cfg = p.cfg
         source = f" of {cfg.prompts or 'the mixed set'}" if cfg.suite == "text" else ""
-        title = (f"{cfg.suite}: {cfg.model}, {rows[0]['prompts'] if rows else 0} prompts{source} from {cfg.offset}, "
-                 f"greedy, max {cfg.max_new_tokens} new tokens ({machine_of(sink)}{roofline_note(sink)})")
+        stop = f"stop {stops_said(cfg)}" if cfg.stop else ""
+        how = "".join(f", {said}" for said in (prompts_said(cfg), "greedy", stop) if said)
+        title = (f"{cfg.suite}: {cfg.model}, {rows[0]['prompts'] if rows else 0} prompts{source} from {cfg.offset}"
+                 f"{how}, max {cfg.max_new_tokens} new tokens ({machine_of(sink)}{roofline_note(sink)})")
         single = [r for r in rows if r["batch_size"] == 1]
         columns = self.COLUMNS if any("category" in r for r in single) else self.COLUMNS[1:]
         out = [(title, single, columns)] if single else []
@@ -207,7 +209,8 @@ def run(name: str, path: Path | None, overrides: list[str], explicit: dict, spel
     p = suite.plan(cfg)
     # without --run-dir the records go to a temporary folder, removed when the run ends
     scratch = tempfile.TemporaryDirectory(prefix="specgen-bench-") if run_dir is None else None
-    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled)
+    sink = RunDir.open(run_dir or Path(scratch.name), cfg.suite, given, suite.resolved(p), spelled,
+                       defaults_of(suite.config_type))
     grids = suite.grids(p)
     records = sink.records(grids)
     steps = sum(len(left) for g in grids for left in g.left(records, this))  # 0: nothing loads, unless

@@ -23,6 +23,7 @@ import torch
 
 from specgen.decoding.cost import PREFIX, Tokens, measure_cost
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stops import Stops
 from specgen.decoding.target import ModelTarget
 from specgen.devices import now
 from specgen.eval.hf_rows import HfGenerate
@@ -84,7 +85,7 @@ def main() -> None:
     target = ModelTarget(model)
     target.device = args.device
     def hf_rows(new: int) -> HfGenerate:  # transformers' generate on the same weights (no tokenizer: no stop token)
-        setup = PeerSetup("hf", TextModel(model, target, None, None), {}, new, (), 0, args.device)
+        setup = PeerSetup("hf", TextModel(model, target, None, None), {}, new, Stops(), 0, args.device)
         peer = HfGenerate(setup)
         peer.module = peer.module.to(device=args.device, dtype=dtype).eval()
         return peer

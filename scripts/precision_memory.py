@@ -21,11 +21,12 @@ if spec == "llamacpp":
     from specgen import checkpoints
     from types import SimpleNamespace as NS
     from specgen.eval.llamacpp_row import LlamaCppRow
+    from specgen.decoding.stops import text_stops
     from specgen.eval.peers import PeerSetup
     from specgen.models.tokenizer import TextTokenizer
     tok = TextTokenizer.load(checkpoints.find("smollm2-135m").path)  # the tokenizer only, no weights
     target = NS(module=NS(cfg=NS(max_seq_len=2048, vocab_size=49152)))  # the row reads only these of the target
-    row = LlamaCppRow(PeerSetup("llamacpp", target, {}, 64, tuple(tok.stop_ids), 1, "cpu"))
+    row = LlamaCppRow(PeerSetup("llamacpp", target, {}, 64, text_stops(tok), 1, "cpu"))
     row.run(tok.encode(humaneval.build_user_message(humaneval.load_problems(1, 0)[0])))
     print(json.dumps({"spec": spec, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 else:

@@ -41,6 +41,11 @@ class Stops:
             at = self.string_end(out, start, at or last) or at
         return at
 
+    def kept(self, out: list[int], limit: int) -> list[int]:
+        """What a row keeps of its tokens `out`: through its first stop and within `limit` tokens (tokens a
+        multi-token step produced past either are dropped). Every benchmark row, specgen's or a peer's, keeps this."""
+        return out[: self.end(out, 0, limit) or limit]
+
     def string_end(self, out: list[int], start: int, last: int) -> int | None:
         """The first k in (start, last] whose text completes a stop string, decoding only a tail window per k (the
         whole text at every step is O(n^2)). Exact for decoders whose text of a prefix is the whole text's prefix,
@@ -70,6 +75,11 @@ class Stops:
         with): a stream holds them back until the next tokens tell."""
         return max((j for s in self.strings for j in range(min(len(s) - 1, len(text)), 0, -1)
                     if text.endswith(s[:j])), default=0)
+
+
+def text_stops(tokenizer, strings: Sequence[str] = ()) -> Stops:
+    """A text model's stops: its tokenizer's stop ids and `strings`, matched in the text its `decode` gives."""
+    return Stops(tuple(tokenizer.stop_ids), tuple(strings), tokenizer.decode)
 
 
 def stops_of(stops: Stops | Sequence[int]) -> Stops:

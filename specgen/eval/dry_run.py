@@ -23,9 +23,9 @@ from specgen.errors import SpecgenError, UsageError
 from specgen.eval import image_bench, mesh_bench, text_bench
 from specgen.eval.image_bench import check_out_dir, checked_rows, method_of, options_of
 from specgen.eval.mesh_bench import check_run, variants
-from specgen.eval.run_dir import RunDir
+from specgen.eval.run_dir import RunDir, defaults_of
 from specgen.eval.sweeps import Entries, entry_tables
-from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan
+from specgen.eval.text_bench import check_prompts_fit, decoded_model, is_peer, plan, prompts_said, stops_said
 from specgen.memory import size
 from specgen.methods import get_method
 from specgen.precision import split_name
@@ -234,21 +234,24 @@ def resume_row(run_dir: Path, suite: str, cfg: Any, spelled: dict[str, str] | No
     the node's device and threads), compared as `RunDir.open` compares it (the plan's inputs, such as an edited
     prompt file, are compared when the run opens the folder)."""
     return checked("resume", lambda: RunDir(run_dir, suite, dataclasses.asdict(cfg))
-                   .check_continues(RunDir.existing(run_dir), spelled),
+                   .check_continues(RunDir.existing(run_dir), spelled, defaults_of(type(cfg))),
                    f"{run_dir}: its run's config is this one; the run resumes it")
 
 
 def text_plan(cfg: Any) -> tuple[Any, list[dict], list[tuple[str, str]]]:
     p = plan(cfg)
     names = [("model", cfg.model), *((f"{m} target", decoded_model(m, p.cfg)) for m in p.cfg.methods if not is_peer(m))]
-    prompts = f"{len(p.items)} prompts"
+    prompts = ", ".join(filter(None, [f"{len(p.items)} prompts", prompts_said(cfg)]))
     # the run's check of each prompt against the context reads the model's tokenizer: made here when it is installed
     # (a built-in is made on first use, by the run)
     fits = (checked("prompts", lambda: check_prompts_fit(p), f"{prompts}, each fits {cfg.model}'s context with "
                     f"max_new_tokens {p.cfg.max_new_tokens}") if registry.installed_meta(base_name(cfg.model)) else
             row("prompts", True, f"{prompts} (not installed here: the run checks their fit in {cfg.model}'s context)"))
     return p.cfg, [*(row(f"method {m}", True, "peer row (transformers / llama.cpp)" if is_peer(m) else
-                         "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods), fits], names
+                         "lossless" if p.meta[m]["lossless"] else "LOSSY") for m in p.cfg.methods), fits,
+                  row("stops", True, "every row, peer rows too, ends at the tokenizer's stop ids" + (
+                      f" or at the token completing {stops_said(cfg)}" if cfg.stop else
+                      " (no stop strings)"))], names
 
 
 def base_name(name: str) -> str:

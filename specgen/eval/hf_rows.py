@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from specgen.decoding.stops import Stops
 from specgen.devices import now
 from specgen.errors import UsageError
 from specgen.eval.peers import OneAtATime, PeerSetup
@@ -34,8 +35,8 @@ class HfGenerate:
         return {}
 
     def generate(self, chunk: list[list[int]], **kwargs) -> tuple[list[list[int]], int, float]:
-        """`generate_padded` of this row's prompts, to the benchmark's budget and stop ids."""
-        return generate_padded(self.module, chunk, self.setup.max_new_tokens, self.setup.stop_ids, **kwargs)
+        """`generate_padded` of this row's prompts, to the benchmark's budget and stops."""
+        return generate_padded(self.module, chunk, self.setup.max_new_tokens, self.setup.stops, **kwargs)
 
     def run(self, prompt: list[int]) -> Run:
         """One prompt; tokens past one per forward were accepted drafts (speculative rows)."""
@@ -53,12 +54,22 @@ class HfGenerate:
         return runs, total
 
 
-def generate_padded(hf, prompts: list[list[int]], n: int, stop: tuple[int, ...] = (),
+#: generate's arguments whose steps may add several tokens (prompt lookup, assisted generation)
+MULTI_TOKEN = {"prompt_lookup_num_tokens", "assistant_model"}
+
+
+def generate_padded(hf, prompts: list[list[int]], n: int, stops: Stops = Stops(),
                     **kwargs) -> tuple[list[list[int]], int, float]:
-    """Greedy `generate` of left-padded prompts, at most n new tokens each: (each row's new tokens to its first stop,
-    forwards, seconds), forwards counted with a pre-forward hook."""
+    """Greedy `generate` of left-padded prompts, at most n new tokens each: (each row's new tokens as specgen keeps
+    them, `Stops.kept`; forwards; seconds), forwards counted with a pre-forward hook. transformers' eos check reads
+    a step's last token: with stop strings, or steps of several tokens (`MULTI_TOKEN`), a row ends at specgen's rule
+    (`StopCheck`), not at transformers' `stop_strings`, which matched into the prompt and missed a string completed
+    within a multi-token step; one token a step and stop ids alone, its eos check is that rule."""
+    from transformers import StoppingCriteriaList  # deferred: transformers loads only for a peer row
+
     calls = [0]
-    pad, width = (stop[0] if stop else 0), max(map(len, prompts))
+    pad, width = (stops.ids[0] if stops.ids else 0), max(map(len, prompts))
+    checks = [StopCheck(stops, width, n)] if stops.strings or MULTI_TOKEN & kwargs.keys() else []
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=hf.device)  # [b, width]
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=hf.device)
     handle = hf.register_forward_pre_hook(lambda *a: calls.__setitem__(0, calls[0] + 1))
@@ -66,11 +77,33 @@ def generate_padded(hf, prompts: list[list[int]], n: int, stop: tuple[int, ...] 
     try:
         with torch.inference_mode():
             out = hf.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
-                              eos_token_id=list(stop) or None, pad_token_id=pad, **kwargs)
+                              eos_token_id=list(stops.ids) or None, pad_token_id=pad,
+                              stopping_criteria=StoppingCriteriaList(checks), **kwargs)
     finally:
         handle.remove()
     seconds, rows = now(hf.device) - t0, out[:, width:].tolist()
-    return [r[: next((i + 1 for i, t in enumerate(r) if t in stop), len(r))] for r in rows], calls[0], seconds
+    return [stops.kept(r, n) for r in rows], calls[0], seconds
+
+
+class StopCheck:
+    """A transformers stopping criterion that ends each row where specgen's loop ends it (`Stops.end`): its generated
+    tokens alone (past the `width` prompt columns) looked at, each new one once, those of a multi-token step (prompt
+    lookup, assisted) included."""
+
+    def __init__(self, stops: Stops, width: int, limit: int) -> None:
+        self.stops, self.width, self.limit = stops, width, limit
+        self.rows: list[list[int]] = []  # each row's generated tokens so far
+        self.ended: list[bool] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        """Whether each row has reached a stop (a bool per row, as transformers' criteria answer)."""
+        if not self.rows:
+            self.rows, self.ended = [[] for _ in range(len(input_ids))], [False] * len(input_ids)
+        seen = len(self.rows[0])
+        for i, new in enumerate(input_ids[:, self.width + seen :].tolist()):
+            self.rows[i] += new
+            self.ended[i] = self.ended[i] or self.stops.end(self.rows[i], seen, self.limit) is not None
+        return torch.tensor(self.ended, device=input_ids.device)
 
 
 class HfLookup(OneAtATime, HfGenerate):
@@ -132,7 +165,7 @@ class HfCompiled(OneAtATime, HfGenerate):
 
     def run(self, prompt: list[int]) -> Run:
         n, hf = self.setup.max_new_tokens, self.module
-        new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stop_ids,
+        new, seconds = timed_static_greedy(hf, self.step, prompt, n, self.setup.stops,
                                            self.slots(len(prompt) + n + 1), self.caches)
         return Run(new, seconds, len(new), len(new) - 1, 0)
 
@@ -149,9 +182,10 @@ def cache_arg(hf) -> str:
     return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
 
 
-def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int, ...] = (),
+def timed_static_greedy(hf, step, prompt: list[int], n: int, stops: Stops = Stops(),
                         slots: int = 0, caches: dict | None = None) -> tuple[list[int], float]:
-    """(up to n greedy tokens after `prompt`, to the first stop id; seconds): an eager prefill into a StaticCache of
+    """(up to n greedy tokens after `prompt`, through the first stop as specgen's loop finds it, each token looked at
+    as it comes; seconds): an eager prefill into a StaticCache of
     `slots` (default: just enough), then `step` (`one_token`, compiled or not) a token. Each token is read before the
     next call: a compiled step's graph reuses its output buffer, and the stop check needs it. `caches` (slots ->
     StaticCache): one cache a size, reset for each prompt, as transformers' generate keeps its own (a compiled step
@@ -170,7 +204,7 @@ def timed_static_greedy(hf, step, prompt: list[int], n: int, stop_ids: tuple[int
         logits = hf(torch.tensor([prompt], device=hf.device), cache_position=pos, use_cache=True, **{arg: cache}).logits
         tok = logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
         new = [int(tok)]
-        while len(new) < n and new[-1] not in stop_ids:
+        while len(new) < n and stops.end(new, len(new) - 1, n) is None:
             tok = step(hf, tok, torch.tensor([len(prompt) + len(new) - 1], device=hf.device), cache, arg).clone()
             new.append(int(tok))
     return new, now(hf.device) - t0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import time
 from pathlib import Path
+from typing import Iterable
 
 from specgen.builtins import smollm2_gguf_path
+from specgen.decoding.stops import Stops
 from specgen.errors import IncompatibleError, UsageError
 from specgen.eval.peers import OneAtATime, PeerSetup
 from specgen.eval.text_rows import Run
@@ -73,19 +75,27 @@ class LlamaCppRow(OneAtATime):
 
     def run(self, prompt: list[int]) -> Run:
         """llama.cpp's greedy decoding of `prompt` (token ids); tokens past one per step were accepted drafts."""
-        tokens: list[int] = []
         t0 = time.perf_counter()
         self.llm.reset()
         self.evals = 0
-        for tok in self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
-                                     reset=True):
-            if tok in self.setup.stop_ids:
-                break
-            tokens.append(int(tok))
-            if len(tokens) >= self.setup.max_new_tokens:
-                break
+        stream = self.llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True)
+        tokens = taken(stream, self.setup.stops, self.setup.max_new_tokens)
         seconds = time.perf_counter() - t0
         return Run(tokens, seconds, self.evals, self.evals - 1, max(0, len(tokens) - self.evals))
+
+
+def taken(stream: Iterable[int], stops: Stops, limit: int) -> list[int]:
+    """The tokens of llama.cpp's `stream` a row keeps, each looked at as it comes (the stream then stops: nothing
+    more is decoded): up to a stop id, left out as llama.cpp leaves out its eos, or through the token that completes
+    a stop string (`Stops.end`, as specgen's rows), at most `limit`."""
+    tokens: list[int] = []
+    for tok in stream:
+        if tok in stops.ids:
+            break
+        tokens.append(int(tok))
+        if len(tokens) >= limit or stops.end(tokens, len(tokens) - 1, limit) is not None:
+            break
+    return tokens
 
 
 class LlamaCppLookup(LlamaCppRow):

@@ -7,19 +7,21 @@ from typing import Protocol
 
 import torch
 
+from specgen.decoding.stops import Stops
 from specgen.eval.text_rows import Run
 from specgen.text.target import TextModel
 
 
 @dataclass(frozen=True)
 class PeerSetup:
-    """What every peer row is built from: greedy decoding of the same prompt ids at the benchmark's threads."""
+    """What every peer row is built from: greedy decoding of the same prompt ids at the benchmark's threads, each
+    ending where specgen's rows end (`stops`: the tokenizer's stop ids and the run's stop strings)."""
 
     name: str  # the row (`llamacpp-lookup:n4`): named in its messages
     original: TextModel  # the float32 target: the weights transformers rows load, its context and vocabulary
     options: dict  # the row's options: its method's, updated by a variant row's
     max_new_tokens: int
-    stop_ids: tuple[int, ...]
+    stops: Stops
     threads: int
     device: str
 

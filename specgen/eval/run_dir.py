@@ -10,7 +10,7 @@ import time
 import warnings
 import weakref
 from datetime import timedelta
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Callable, Collection, Iterator, Sequence
@@ -82,6 +82,11 @@ def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): doc}
 
 
+def defaults_of(config_type: type) -> dict:
+    """A config dataclass's defaults (key -> value), as a run folder records a config (`RunDir.check_continues`)."""
+    return json_ready(asdict(config_type()))
+
+
 def json_ready(obj: Any) -> Any:
     """The value as it reads back from JSON (tuples -> lists, paths -> strings), so configs compare equal."""
     return json.loads(json.dumps(obj, default=str))
@@ -143,10 +148,11 @@ class RunDir:
     # -- opening -------------------------------------------------------------------------------------------
     @classmethod
     def open(cls, path: Path, suite: str, config: dict, resolved: dict | None = None,
-             spelled: dict[str, str] | None = None) -> "RunDir":
+             spelled: dict[str, str] | None = None, defaults: dict | None = None) -> "RunDir":
         """Create the folder (or reopen it): a folder holding another suite's run, another config (naming the keys
-        that differ, each as `spelled` gives it: key -> the option that set it), another `resolved` plan (an edited
-        prompt file) or files and no run (`--run-dir .`) is refused before anything is written."""
+        that differ, each as `spelled` gives it: key -> the option that set it; `defaults`: the config's defaults,
+        `check_continues`), another `resolved` plan (an edited prompt file) or files and no run (`--run-dir .`) is
+        refused before anything is written."""
         path = Path(path)
         cls.check_place(path)
         made = [p for p in (path, *path.parents) if not p.exists()]  # (missing parents included)
@@ -158,7 +164,7 @@ class RunDir:
             run.made = made
             return run
         started = cls.existing(path)
-        run.check_continues(started, spelled)
+        run.check_continues(started, spelled, defaults)
         if started.resolved is not None and run.resolved != started.resolved:  # an older specgen's folder has none
             old, new = flatten(started.resolved), flatten(run.resolved or {})
             key = next(k for k in dict.fromkeys([*new, *old]) if old.get(k) != new.get(k))  # the first in order
@@ -167,16 +173,20 @@ class RunDir:
                              "a new folder")
         return run
 
-    def check_continues(self, started: "RunDir", spelled: dict[str, str] | None = None) -> None:
+    def check_continues(self, started: "RunDir", spelled: dict[str, str] | None = None,
+                        defaults: dict | None = None) -> None:
         """Refuse in one line to continue `started`, the run its folder records, as this run: another suite, or
         another config (naming the keys that differ, each as `spelled` gives it: key -> the option that set it).
-        `open` checks it, and a dry run, which has the config but not the plan's inputs (`resolved`)."""
+        A key the config gained since the run started (a newer specgen's) changes nothing when it holds its default
+        (`defaults`: the config type's, as `defaults_of` gives them) or is left empty (`sweep: {}`): the run
+        measured what that value measures. `open` checks it, and a dry run, which has the config but not the plan's
+        inputs (`resolved`)."""
         path = started.path
         if started.suite != self.suite:
             raise UsageError(f"--run-dir {path} holds a {started.suite} run, not {self.suite}; name another folder")
         old, new = flatten(started.config), flatten(self.config)
-        # a key added to the config since the run started, left empty (e.g. `sweep: {}`), changes nothing
-        added = {k for k in new.keys() - old.keys() if new[k] in ({}, [])}
+        default = flatten(json_ready(defaults or {}))
+        added = {k for k in new.keys() - old.keys() if new[k] in ({}, []) or (k in default and new[k] == default[k])}
         changed = sorted(k for k in old.keys() | new.keys() - added if old.get(k, "<unset>") != new.get(k, "<unset>"))
         if changed:
             name = (spelled or {}).get

@@ -19,6 +19,7 @@ from specgen.data.humaneval import Problem, build_user_message, load_problems
 from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_records
 from specgen.decoding.cost import Tokens, cost_of
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stops import Stops, text_stops
 from specgen.devices import now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import json_shape
@@ -75,6 +76,18 @@ class TextBenchConfig:
     dtype: str | None = None  # precision of `model` for every row: float32 | bfloat16 (per row: targets NAME+bf16)
     quantize: str | None = None  # int8 | int4 weights for every row (per row: targets NAME+int8); quality vs float32
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # 1: interleaved per prompt; B > 1: B slots
+    stop: list[str] = field(default_factory=list)  # stop strings: every row, peers too, ends as `generate --stop`
+    chat: bool = True  # text prompts through the chat template (false: raw, as `generate --no-chat`), every row
+
+
+def stops_said(cfg: TextBenchConfig) -> str:
+    """The stop strings every row ends at, as written (a dry run's row, the table's title): "" for none."""
+    return ", ".join(map(repr, cfg.stop))
+
+
+def prompts_said(cfg: TextBenchConfig) -> str:
+    """How the prompts are fed, in words: "" through the chat template (the default)."""
+    return "" if cfg.chat else "raw (no chat template)"
 
 
 def row_method(row: str) -> str:
@@ -131,15 +144,16 @@ class Row:
     seed: int | None = None  # the row's own drafter seed (`options.ROW.seed`), else the run's
 
 
-def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int,
-                  cfg: TextBenchConfig) -> tuple[list[Run], float]:
-    """`row` over `prompts` through `batch` slots of the batched loop; (runs in prompt order, wall seconds)."""
+def specgen_batch(model: TextModel, row: Row, prompts: list[list[int]], batch: int, cfg: TextBenchConfig,
+                  stops: Stops) -> tuple[list[Run], float]:
+    """`row` over `prompts` through `batch` slots of the batched loop, each ending at `stops`; (runs in prompt order,
+    wall seconds)."""
     seed = cfg.seed if row.seed is None else row.seed  # the row's own drafter seed, else the run's
     budget = draft_budget(model, asdict(row.options).get("budget", BUDGET_DEFAULT))
     device = next(model.module.parameters()).device
     t0 = now(device)
     res = run_batch(model.target, lambda i: row.spec.drafter(row.options, seed), prompts, cfg.max_new_tokens,
-                    SamplingParams(), model.tokenizer.stop_ids, batch_size=batch, budget=budget)
+                    SamplingParams(), stops, batch_size=batch, budget=budget)
     seconds = now(device) - t0
     latency = (lambda r: r.stats.extras.get("latency_s", seconds)) if batch > 1 else (lambda r: seconds)
     prefill = res.stats.times.get("prefill", 0.0) / len(prompts)
@@ -229,7 +243,7 @@ def check_prompts_fit(p: Plan, progress=None) -> None:
     entry = source.entry if context_of(source.entry.meta) else source.base
     for i, item in enumerate(p.items):
         try:
-            check_prompt_fits(len(encode(source.tokenizer, item.prompt)), cfg.max_new_tokens, entry)
+            check_prompt_fits(len(encode(source.tokenizer, item.prompt, cfg.chat)), cfg.max_new_tokens, entry)
         except UsageError as e:
             raise UsageError(f"prompt {cfg.offset + i}: {e}") from None
 
@@ -324,22 +338,26 @@ def grid(p: Plan, skipped=()) -> Grid:
 
 
 def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: TextModel | None,
-                 cfg: TextBenchConfig) -> dict[str, Run]:
-    """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether it passes."""
+                 cfg: TextBenchConfig, stops: Stops) -> dict[str, Run]:
+    """Each run with the original model's NLL of its tokens and, for a HumanEval problem, whether its completion
+    (its text cut before a stop string, as `generate` cuts it) passes."""
     nll = {m: base_nll(original, prompt, r.tokens) if cfg.nll else (None, 0) for m, r in runs.items()}
     out = {m: replace(r, nll_sum=nll[m][0], nll_count=nll[m][1]) for m, r in runs.items()}
     if cfg.execute and problem is not None:
-        passed = check_completions([problem] * len(out), [original.tokenizer.decode(r.tokens) for r in out.values()])
+        texts = [original.tokenizer.decode(r.tokens) for r in out.values()]
+        passed = check_completions([problem] * len(out), [text[: stops.cut(text)] for text in texts])
         out = {m: replace(r, passed=ok) for (m, r), ok in zip(out.items(), passed)}
     return out
 
 
-def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel) -> tuple[dict[str, Peer], dict[str, str]]:
-    """The peer rows of `order` built (row -> peer), and those that cannot run here (row -> the one-line reason)."""
+def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel,
+             stops: Stops) -> tuple[dict[str, Peer], dict[str, str]]:
+    """The peer rows of `order` built (row -> peer), each ending at the specgen rows' `stops`, and those that cannot
+    run here (row -> the one-line reason)."""
     built, skipped = {}, {}
     for m in (m for m in order if is_peer(m)):
-        setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, original.tokenizer.stop_ids,
-                          torch.get_num_threads(), cfg.device)
+        setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, stops, torch.get_num_threads(),
+                          cfg.device)
         kind = PEERS[row_method(m)]
         if reason := kind.unavailable(setup):
             skipped[m] = reason
@@ -368,13 +386,14 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
     """Measure this shard's items that `sink` (a RunDir, its shard started) has no record of (`Grid.measure`): at
     batch 1 a prompt with every row interleaved on it, at B > 1 one row over the shard's prompts."""
     cfg, rows, items = p.cfg, p.rows, p.items
-    prompts = [encode(model.tokenizer, item.prompt) for item in items]
+    prompts = [encode(model.tokenizer, item.prompt, cfg.chat) for item in items]  # every row's, peers' too
+    stops = text_stops(model.tokenizer, cfg.stop)  # every row's (the rows' models share one tokenizer)
     models = row_models(model, p)
     for row in rows.values():  # a row's assets (a static n-gram cache) fit the models' one tokenizer
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
-    peers, skipped = peers_of(p.order, cfg, original)
+    peers, skipped = peers_of(p.order, cfg, original, stops)
     # a row this shard skipped when its run started stays skipped on resume, where it may run: its records lack it
     earlier = (sink.machines().get(shard.label) or {}).get("skipped") or {}
     skipped = {**{m: why if why.endswith(RESUMED) else why + RESUMED for m, why in earlier.items()}, **skipped}
@@ -392,7 +411,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
             runs, wall = peers[m].batch(qs, b) if b > 1 else ([peers[m].run(qs[0])], 0.0)
         else:  # an `ar@NAME` reference row the plan added decodes as ar
             row = rows.get(m) or Row(METHODS["ar"], METHODS["ar"].parse_options({}))
-            runs, wall = specgen_batch(models[p.meta[m]["model"]], row, qs, b, cfg)
+            runs, wall = specgen_batch(models[p.meta[m]["model"]], row, qs, b, cfg, stops)
         return [replace(r, shard=shard.label) for r in runs], wall
 
     def timed(m: str, qs: list[list[int]], b: int) -> tuple[list[Run], float]:
@@ -401,11 +420,11 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
 
     def one(i: int) -> dict:
         runs = {m: timed(m, [prompts[i]], 1)[0][0] for m in work.rows}
-        return {m: asdict(r) for m, r in with_quality(runs, prompts[i], items[i].problem, original, cfg).items()}
+        return {m: asdict(r) for m, r in with_quality(runs, prompts[i], items[i].problem, original, cfg, stops).items()}
 
     def batch(b: int, m: str, mine: list[int]) -> tuple[list[dict], float]:
         runs, wall = timed(m, [prompts[i] for i in mine], b)
-        return [asdict(with_quality({m: r}, prompts[i], items[i].problem, original, cfg)[m])
+        return [asdict(with_quality({m: r}, prompts[i], items[i].problem, original, cfg, stops)[m])
                 for r, i in zip(runs, mine)], wall
 
     if cfg.warmup:

@@ -9,7 +9,7 @@ import torch
 from specgen.data.prompts import Prompt, encode
 from specgen.decoding.budget import AutoBudget
 from specgen.decoding.cost import Tokens, cost_of
-from specgen.decoding.stops import Stops
+from specgen.decoding.stops import Stops, text_stops
 from specgen.devices import DTYPES
 from specgen.errors import UsageError
 from specgen.limits import check_kv_cache, check_prompt_fits
@@ -74,7 +74,7 @@ def generate_text(model: TextModel, req: DecodeRequest[TextGenConfig], prompts: 
     generators = [torch.Generator().manual_seed(cfg.seed + i) for i in range(len(prompts))]
     # the drafter's seed: method_options.seed when given (checked with the options), else the run's
     seed = cfg.method_options.get("seed", cfg.seed)
-    stops = Stops(model.tokenizer.stop_ids, tuple(cfg.stop), model.tokenizer.decode)
+    stops = text_stops(model.tokenizer, cfg.stop)
     stream = None if on_text is None else TextStream(model.tokenizer, len(prompts), on_text, stops)
 
     def done(i: int) -> None:  # a finished row's held-back text first, then the caller's notice

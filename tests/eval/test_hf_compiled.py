@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specgen.decoding.sampling import SamplingParams
+from specgen.decoding.stops import Stops
 from specgen.decoding.target import ModelTarget
 from specgen.eval.hf_rows import generate_padded, one_token, timed_static_greedy
 from specgen.methods import run_batch
@@ -27,7 +28,7 @@ def test_the_static_cache_loop_decodes_what_ar_decodes_and_stops_at_a_stop_id():
     new, seconds = timed_static_greedy(hf, one_token, PROMPT, 12)
     assert new == ar and seconds > 0
     stop = ar[5]
-    assert timed_static_greedy(hf, one_token, PROMPT, 12, (stop,), 64)[0] == ar[: ar.index(stop) + 1]
+    assert timed_static_greedy(hf, one_token, PROMPT, 12, Stops((stop,)), 64)[0] == ar[: ar.index(stop) + 1]
 
 
 def test_the_hf_rows_of_a_gemma2_target_decode_what_ar_decodes():
