@@ -86,12 +86,11 @@ class LlamaCppRow(OneAtATime):
 
 def taken(stream: Iterable[int], stops: Stops, limit: int) -> list[int]:
     """The tokens of llama.cpp's `stream` a row keeps, each looked at as it comes (the stream then stops: nothing
-    more is decoded): up to a stop id, left out as llama.cpp leaves out its eos, or through the token that completes
-    a stop string (`Stops.end`, as specgen's rows), at most `limit`."""
+    more is decoded): `Stops.kept`'s, through a stop id (kept, as specgen's rows keep it: exact match and tokens
+    counted compare like with like) or the token that completes a stop string, at most `limit`. `generate` yields
+    its eos like any token; its completion API is what leaves it out."""
     tokens: list[int] = []
     for tok in stream:
-        if tok in stops.ids:
-            break
         tokens.append(int(tok))
         if len(tokens) >= limit or stops.end(tokens, len(tokens) - 1, limit) is not None:
             break

@@ -113,7 +113,7 @@ def test_stop_ids_end_the_hf_rows_as_specgens():
 
 def test_llamacpp_takes_each_token_as_it_comes_and_stops_there():
     """llama.cpp's stream is read to the token that completes a stop string (kept, as specgen keeps it) and no
-    further; a stop id ends it left out, as llama.cpp leaves out its eos; the budget caps it."""
+    further; a stop id ends it kept, as specgen's rows keep it; the budget caps it."""
     out = [5, 33, 17, 8, 33, 40, 2, 9, 11]
     strings = (WORDS[17][-1] + WORDS[8][0],)  # across tokens 17 and 8
     pulled = []
@@ -125,5 +125,5 @@ def test_llamacpp_takes_each_token_as_it_comes_and_stops_there():
 
     stops = Stops((63,), strings, spelled)
     assert taken(stream(out), stops, N) == stops.kept(out, N) == out[:4] and pulled == out[:4]
-    assert taken(iter([5, 6, 63, 7]), stops, N) == [5, 6]
+    assert taken(iter([5, 6, 63, 7]), stops, N) == stops.kept([5, 6, 63, 7], N) == [5, 6, 63]
     assert taken(iter(out), Stops(), 3) == out[:3]
