@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specgen.models.elementwise import row_invariant
 from specgen.models.kernel_choice import attention_path
 from specgen.native import ops
 
@@ -181,7 +182,7 @@ def masked_scores(qk: torch.Tensor, bias: torch.Tensor, d: int, softcap: float) 
     transformers' order of ops. One function for AR steps and trees: a score's bits depend on its product only."""
     if not softcap:
         return torch.add(bias, qk, alpha=d**-0.5)
-    return qk.mul_(d**-0.5).div_(softcap).tanh_().mul_(softcap).add_(bias)
+    return row_invariant(torch.tanh_, qk.mul_(d**-0.5).div_(softcap)).mul_(softcap).add_(bias)
 
 
 def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
@@ -230,7 +231,7 @@ def invariant_attention(
     # 2. scaled, masked scores in chunk layout; the row max over every chunk (exact: a max)
     scores = masked_scores(torch.bmm(p.q3, p.kt3).view(b, hkv, n, r, CHUNK), p.bias, d, p.softcap)  # [B, Hkv, N, R, C]
     top = scores.amax((2, 4), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, 1, R, 1]
-    w = scores.sub_(top).exp_().view(b * hkv * n, r, CHUNK)  # hidden slots: exactly 0
+    w = row_invariant(torch.exp_, scores.sub_(top)).view(b * hkv * n, r, CHUNK)  # hidden slots: exactly 0
     # 3. per chunk [p.v | p.1] -> [numerator | softmax sum]; chunks added in slot order (a sequential scan)
     acc = torch.bmm(w, p.v3).view(b * hkv, n, r, d + 1)
     total = acc[:, 0] if n == 1 else acc.cumsum(1)[:, -1]  # [B*Hkv, R, D + 1]
@@ -271,7 +272,7 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Attenti
     vq[:, :, :, t - lo :] = 0  # padding past the keys: finite, and hidden (p = 0 exactly)
     scores = masked_scores(scores, p.tree_bias.squeeze(1).unsqueeze(1), d, p.softcap)  # [B, Hkv, S, N, RG, C]
     top = scores.amax(dim=(3, 5), keepdim=True).clamp_(min=-1e30)  # [B, Hkv, S, 1, RG, 1]
-    w = torch.exp_(scores.sub_(top))
+    w = row_invariant(torch.exp_, scores.sub_(top))
     acc = torch.matmul(w[:, :, :, c0:], vq.view(b, hkv, s, n - c0, CHUNK, e))  # [B, Hkv, S, N - c0, RG, E]
     if c0:
         ws = w[:, :, :, :c0].permute(0, 1, 3, 2, 4, 5).reshape(b, hkv, c0, s * rg, CHUNK)

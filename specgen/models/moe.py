@@ -9,8 +9,9 @@ from contextvars import ContextVar
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from specgen.models.elementwise import row_invariant
 
 # The invariant (lossless methods equal AR token for token): a row's output never depends on which rows share its
 # forward (an AR step has 1 row, a verify or a tree many). So (1) the router, softmax and top-k work on each row alone;
@@ -21,12 +22,8 @@ from torch import nn
 # k weighted contributions go into its own [k, dim] slots, by top-k slot, and are summed over them by one reduction
 # of a [T, k, dim] buffer (each (row, dim) over its k values alone), never by atomics or an order another row could
 # change. transformers 5's default experts forward (grouped_mm) sums so too: the same bits in bfloat16 (tested).
-# (4) torch's CPU elementwise ops (silu, sigmoid) take a tensor's last partial vector through a scalar path with other
-# float32 bits, so a row's bits hold where its rows fill whole lanes: a [T, width] activation's do for widths that are
-# multiples of LANES (every real model's), a [T, 1] gate's never (its tail moves with T), so the shared expert's
-# sigmoid is taken over its rows padded to LANES (`lane_sigmoid`).
-
-LANES = 64  # a multiple of every CPU vector loop's step (two registers a step: AVX-512's 32 floats, 64 bfloat16s)
+# (4) the shared expert's [T, 1] gate takes its sigmoid over its elements alone (`elementwise.row_invariant`: torch's
+# float32 CPU sigmoid took a tensor's last partial vector through a scalar path, so the gate's bits moved with T).
 
 _STATIC: ContextVar[bool] = ContextVar("specgen_static_routing", default=False)
 
@@ -42,13 +39,6 @@ def static_routing() -> Iterator[None]:
         yield
     finally:
         _STATIC.reset(token)
-
-
-def lane_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """torch.sigmoid of x with each element's bits independent of x's length: taken over x flattened and padded to
-    whole LANES (the vector path for every element; float32's scalar tail rounds otherwise)."""
-    flat = x.reshape(-1)
-    return torch.sigmoid(F.pad(flat, (0, -flat.numel() % LANES)))[: flat.numel()].view(x.shape)
 
 
 class MoEFeedForward(nn.Module):
@@ -85,8 +75,8 @@ class MoEFeedForward(nn.Module):
         picked = (self.every if _STATIC.get() else self.routed)(rows, experts)  # [T, k, dim]
         parts = picked * weights[..., None]  # [T, k, dim]: float32, or the dtype where the weights were rounded
         out = parts.sum(1).to(x.dtype)  # [T, dim]: each (row, dim) summed over its k slots
-        if self.shared:  # every row's, gated per row (its sigmoid lane-padded: `lane_sigmoid`)
-            out = out + lane_sigmoid(self.shared_expert_gate(rows)) * self.shared_expert(rows)
+        if self.shared:  # every row's, gated per row (its sigmoid over its elements alone)
+            out = out + row_invariant(torch.sigmoid, self.shared_expert_gate(rows)) * self.shared_expert(rows)
         return out.view(x.shape)
 
     def routed(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from torch import nn
 
 from specgen import native
 from specgen.models.attention import NativePlan, native_self_attention
+from specgen.models.elementwise import row_invariant
 from specgen.models.packed_linear import PackedLinear
 from specgen.native import ops
 
@@ -42,7 +43,7 @@ def tiled_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Ten
 def tiled_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
     """FeedForward's SwiGLU gate (its torch ops): [..., ffn]."""
     w = ffn._modules  # past nn.Module.__getattr__, as `linears`
-    return F.silu(tiled_product(w["w1"], x, threads)) * tiled_product(w["w3"], x, threads)
+    return row_invariant(F.silu, tiled_product(w["w1"], x, threads)) * tiled_product(w["w3"], x, threads)
 
 
 #: product kinds by layer class; quantize.py adds QuantizedLinear's (qmm.c) where it is defined

@@ -300,7 +300,7 @@ def qmm_gate(ffn: QuantizedFeedForward, x: torch.Tensor, threads: int) -> torch.
     """QuantizedFeedForward's SwiGLU gate (its torch ops; `native_block.usable` admits no other): [..., hidden]."""
     gate, up = qmm_product(ffn._modules["w13"], x, threads).split(ffn.hidden, -1)  # [..., hidden] each (`_modules`:
     # past nn.Module.__getattr__, as native_block.linears)
-    return F.silu(gate) * up
+    return ACTIVATIONS["silu"](gate) * up
 
 
 native_block.KINDS[QuantizedLinear] = native_block.Products(ACT_DTYPE, qmm_ready, qmm_product, qmm_gate)

@@ -16,6 +16,7 @@ from specgen.devices import host_tensor
 from specgen.models.attention import (PLANS, NativePlan, capped_attention, in_window, invariant_attention,
                                       key_positions, native_self_attention, plan)
 from specgen.models.cache import KVCache
+from specgen.models.elementwise import row_invariant
 from specgen.models.kernel_choice import attention_path, native_norms
 from specgen.models.moe import MoEFeedForward
 from specgen.models.rope import (PER_FREQUENCY, SCALINGS, Rotation, layout_table, rows_rotation, still, table_1d,
@@ -167,7 +168,9 @@ class TransformerConfig:
 #: the whole projection (OLMo 2: weights [H hd] and [Hkv hd], normed before the split into heads)
 QK_NORM_SPANS = {"head": lambda cfg: (1, 1), "all": lambda cfg: (cfg.n_heads, cfg.n_kv_heads)}
 #: TransformerConfig.ffn_act -> the gate's activation (transformers' `gelu_pytorch_tanh` is F.gelu's tanh form)
-ACTIVATIONS = {"silu": F.silu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
+#: each over its elements alone (`row_invariant`): a verify row gets the bits the AR step got
+ACTIVATIONS = {"silu": partial(row_invariant, F.silu),
+               "gelu_tanh": partial(row_invariant, partial(F.gelu, approximate="tanh"))}
 
 
 class RMSNorm(nn.Module):
@@ -487,7 +490,7 @@ class Transformer(nn.Module):
         if self.cfg.logit_scale != 1:  # a Python float: one rounding to the head's dtype, as transformers' division
             z = z / self.cfg.logit_scale
         cap = self.cfg.logit_softcap
-        return z if not cap else torch.tanh(z / cap) * cap
+        return z if not cap else row_invariant(torch.tanh, z / cap) * cap
 
     def hidden_states(self, h, positions, cache=None, tree_mask=None, context_kv=None, attn_mask=None) -> torch.Tensor:
         """Run the blocks on input embeddings h [B, S, dim]; returns normed hidden [B, S, dim]. `attn_mask`

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specgen.models import graphs
-from specgen.models.moe import LANES, MoEFeedForward, lane_sigmoid, static_routing
+from specgen.models.moe import MoEFeedForward, static_routing
 from specgen.models.sliced_linear import SlicedLinear
 from tests.conftest import MOE, OLMOE, QWEN2_MOE, tiny_model
 from tests.models.test_graphs import chain_against_steps, traced
@@ -64,17 +64,6 @@ def test_torch_cpu_float32_products_are_not_row_invariant_so_the_invariant_rests
     if torch.equal(together, alone):
         pytest.skip("this CPU's float32 products happen to be row-invariant")
     assert (together - alone).abs().max() < 1e-5  # last bits only
-
-
-def test_a_float32_sigmoid_over_rows_padded_to_whole_lanes_gives_each_row_its_bits_alone():
-    """The shared expert's gate [T, 1]: torch's float32 CPU sigmoid takes a tensor's last partial vector through a
-    scalar path (a record of this CPU, skipped where its bits happen to agree), so a row's gate among T rows can differ
-    from its gate alone; `lane_sigmoid` (whole LANES) gives every row the same bits at every T."""
-    x = torch.randn(200, 1, generator=torch.Generator().manual_seed(0)) * 3
-    alone = torch.cat([lane_sigmoid(x[i : i + 1]) for i in range(200)])
-    assert all(torch.equal(lane_sigmoid(x[:n]), alone[:n]) for n in (1, 5, LANES - 1, LANES + 7, 130, 200))
-    if all(torch.equal(torch.sigmoid(x[:n]), alone[:n]) for n in range(1, 201)):
-        pytest.skip("this CPU's float32 sigmoid happens to be length-invariant")
 
 
 @pytest.mark.parametrize("over", [MOE, QWEN3_MOE, QWEN2_MOE, OLMOE], ids=["mixtral", "qwen3-moe", "qwen2-moe", "olmoe"])
