@@ -416,7 +416,7 @@ SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": ev
            # Qwen3-MoE's class: every layer, only with use_sliding_window (its config drops the window otherwise)
            "Qwen3MoeForCausalLM": lambda raw: every_layer_slides(4096)(raw) if raw.get("use_sliding_window") else (
                None, ()),
-           "Qwen2MoeForCausalLM": lambda raw: qwen2_moe_sliding(raw)}
+           "Qwen2MoeForCausalLM": qwen2_moe_sliding}
 
 
 def layer_kinds(raw: dict) -> set[str]:
