@@ -142,8 +142,7 @@ def post_norm_block(cfg) -> bool:
     """Whether a block without pre-norms is what OLMo 2's, OLMo 3's and EXAONE 4's classes share: sandwich norms
     (the config's invariant), a SwiGLU gate, no embedding scale, caps or q/k/v biases, whole-head rotate-half RoPE."""
     return cfg.ffn_act == "silu" and not (cfg.embed_scale != 1 or cfg.rope_dim or cfg.qkv_bias or cfg.attn_softcap
-                                          or cfg.logit_softcap or cfg.rope_layout != "half"
-                                          or (cfg.rope_scaling or {}).get("rope_type") == "factors")
+                                          or cfg.logit_softcap or cfg.rope_layout != "half")
 
 
 def olmo(cfg, common: dict):
@@ -168,8 +167,9 @@ def olmo3(cfg, common: dict):
     the full layers', which then must be unscaled), the full layers with the config's base and scaling."""
     from transformers import Olmo3Config, Olmo3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
 
-    if not cfg.local_rope_theta and cfg.rope_scaling:
-        raise ValueError("to_hf exports local layers as OLMo 3's sliding ones, which turn with an unscaled RoPE")
+    if (not cfg.local_rope_theta and cfg.rope_scaling) or (cfg.rope_scaling or {}).get("rope_type") == "factors":
+        raise ValueError("to_hf exports local layers as OLMo 3's sliding ones, which turn with an unscaled RoPE, the "
+                         "full ones with a scaling of transformers' (not a GGUF's frequency divisors)")
     full = {"rope_type": "default", **common.pop("rope_scaling", {}), "rope_theta": common.pop("rope_theta")}
     local = {"rope_type": "default", "rope_theta": cfg.local_rope_theta or full["rope_theta"]}
     return Olmo3ForCausalLM(Olmo3Config(
