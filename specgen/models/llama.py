@@ -171,13 +171,18 @@ def hf_config(raw: dict) -> TransformerConfig:
         raise UsageError(f"config.json: {e}") from None
 
 
+#: the architectures whose config class types num_key_value_heads int and refuses a null
+KV_HEADS_TYPED = ("MistralForCausalLM", "Exaone4ForCausalLM")
+
+
 def kv_heads(raw: dict, arch: str, n_heads: int) -> int:
     """num_key_value_heads as transformers reads it: absent, the class default; null, one per query head (each class's
-    __post_init__), except Mistral's, whose class types the key int and refuses a null."""
+    __post_init__), except where the class types the key int and refuses a null (KV_HEADS_TYPED)."""
     if "num_key_value_heads" not in raw:
         return HF_ARCHITECTURES[arch].get("num_key_value_heads", n_heads)
-    if raw["num_key_value_heads"] is None and arch == "MistralForCausalLM":
-        raise CheckpointError("config.json sets num_key_value_heads=null: not a positive integer (MistralConfig)")
+    if raw["num_key_value_heads"] is None and arch in KV_HEADS_TYPED:
+        raise CheckpointError(f"config.json sets num_key_value_heads=null: not a positive integer "
+                              f"({arch.replace('ForCausalLM', 'Config')})")
     return raw["num_key_value_heads"] or n_heads  # check_numbers: a positive int or null
 
 

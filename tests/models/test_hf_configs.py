@@ -396,14 +396,15 @@ def test_a_smollm3_config_without_its_keys_takes_transformers_class_defaults():
 
 
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                  "Phi3ForCausalLM", "SmolLM3ForCausalLM"])
+                                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM"])
 def test_a_null_num_key_value_heads_is_read_as_transformers_reads_it(arch):
     """An explicit null took the class default (Mistral 8, Qwen 32, SmolLM3 4), another model than transformers
-    builds: its classes read None as num_attention_heads, but MistralConfig types the key int and refuses a null.
+    builds: its classes read None as num_attention_heads, but MistralConfig and Exaone4Config type the key int and
+    refuse a null.
     An absent key keeps the class default."""
     raw = {**SHAPE, "architectures": [arch], "num_key_value_heads": None, "num_attention_heads": 8}  # not 4: SmolLM3's
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "Exaone4ForCausalLM"):
         with pytest.raises(Exception, match="num_key_value_heads"):
             config_cls(**raw)
         with pytest.raises(CheckpointError, match=r"^config.json sets num_key_value_heads=null: not a positive"):
