@@ -129,6 +129,10 @@ GEMMA2 = dict(embed_scale=32**0.5, ffn_act="gelu_tanh", sandwich_norms=True, loc
 # OLMo 2's block over tiny_config's shape: no norm before its sublayers, each output normed before its add, q and k
 # normed over their whole projections ([H hd], [Hkv hd]), SwiGLU, untied (its class default)
 OLMO2 = dict(pre_norms=False, sandwich_norms=True, qk_norm=True, qk_norm_span="all", tie_embeddings=False)
+# OLMo 3's: OLMo 2's with layer 0 sliding over 6 positions and turning with its own RoPE base
+OLMO3 = dict(OLMO2, local_layers=(0,), window=6, local_rope_theta=100.0)
+# EXAONE 4's: OLMo 2's norms with per-head q/k norms, layer 0 sliding over 6 positions, layer 1 full without RoPE
+EXAONE4 = dict(OLMO2, qk_norm_span="head", local_layers=(0,), window=6, nope_layers=(1,))
 # Granite over tiny_config's shape: Llama's block with its embeddings times 4 and its logits divided by 2 (its attention
 # and residual multipliers are folded into the weights at load, so a random model needs only these two fields), tied
 GRANITE = dict(embed_scale=4.0, logit_scale=2.0)

@@ -16,7 +16,7 @@ from specgen.models.transformer import TransformerConfig
 GGUF_LAYOUTS = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half", "smollm3": "interleaved",
                 "gemma": "half", "gemma2": "half", "gemma3": "half", "olmo2": "half",
                 "granite": "interleaved",  # granite: llama.cpp's NORM RoPE, q/k permuted by its (Llama's) converter
-                "qwen3moe": "half", "qwen2moe": "half", "olmoe": "half"}
+                "qwen3moe": "half", "qwen2moe": "half", "olmoe": "half", "exaone4": "half"}
 # an architecture -> llama.cpp's fixed NoPE step: layer i attends without RoPE when (i + 1) % step == 0. No GGUF key
 # holds it (llama.cpp's loader sets it), so an HF no_rope_layers of another pattern is lost in the conversion
 NOPE_STEP = {"smollm3": 4}
@@ -28,6 +28,9 @@ GEMMA3_STEP, GEMMA3_LOCAL_THETA, GEMMA3_27B_LAYERS = 6, 10000.0, 62
 # 1/sqrt(hidden / heads) for the 46-layer 27B
 GEMMA2_WINDOW, GEMMA2_CAPS, GEMMA2_27B_LAYERS = 4096, {"attn_logit_softcapping": 50.0,
                                                        "final_logit_softcapping": 30.0}, 46
+# exaone4 as llama.cpp's loader fixes it (its switch on the layer count): the 64-layer 32B slides every layer but each
+# fourth over 4096 positions unless the file says (the others NoPE); any other count attends fully with RoPE everywhere
+EXAONE4_32B_LAYERS, EXAONE4_STEP, EXAONE4_WINDOW = 64, 4, 4096
 GGUF_SCALING_KEYS = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow", "finetuned")
 
 
@@ -151,6 +154,28 @@ def olmo2_fields(reader, source: str, dim: int, n_layers: int) -> dict:
     return {"pre_norms": False, "sandwich_norms": True, "qk_norm_span": "all"}
 
 
+def exaone4_fields(reader, source: str, dim: int, n_layers: int) -> dict:
+    """The TransformerConfig fields an exaone4 GGUF adds to Qwen3's (per-head q/k norms), as llama.cpp builds the
+    model: no norm before the sublayers, each output normed before its add (post_attention_norm, post_ffw_norm), NEOX
+    RoPE (GGUF_LAYOUTS); the 64-layer 32B's layers sliding but each fourth (EXAONE4_STEP) over
+    `exaone4.attention.sliding_window` (default EXAONE4_WINDOW), the others without RoPE. A window or layer pattern
+    other than that fixed one is refused: llama.cpp's loader ignores it (the file says another model than it runs)."""
+    window, pattern = (gguf_field(reader, f"exaone4.attention.{key}")
+                       for key in ("sliding_window", "sliding_window_pattern"))
+    local = [(i + 1) % EXAONE4_STEP != 0 for i in range(n_layers)] if n_layers == EXAONE4_32B_LAYERS else None
+    if (window is not None and local is None) or (pattern is not None and pattern != local):
+        key = "sliding_window" if pattern is None else "sliding_window_pattern"
+        raise UsageError(f"GGUF file {source} sets exaone4.attention.{key}, which llama.cpp's exaone4 loader ignores "
+                         f"(it slides all layers but each {EXAONE4_STEP}th of a {EXAONE4_32B_LAYERS}-layer model, no "
+                         "other's): import the HF folder")
+    post_norms = {"pre_norms": False, "sandwich_norms": True}
+    if local is None:
+        return post_norms
+    return post_norms | {"local_layers": tuple(i for i, slides in enumerate(local) if slides),
+                         "nope_layers": tuple(i for i, slides in enumerate(local) if not slides),
+                         "window": EXAONE4_WINDOW if window is None else window}  # (checked by the caller)
+
+
 def granite_scale(reader, key: str, source: str) -> float | None:
     """A granite GGUF's multiplier `key` as llama.cpp reads it: absent or 0 is its default (None here; the converter
     writes only the set ones), any other value a positive number (a negative one is refused)."""
@@ -252,7 +277,7 @@ GGUF_FIELDS = {
     "gemma": (gemma_fields, None),
     "gemma2": (gemma2_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA2_27B_LAYERS, "attn_q.weight")),
     "gemma3": (gemma3_fields, lambda cfg, *_: llama_cpp_q_scale(cfg, GEMMA3_27B_LAYERS, "attn_q_norm.weight")),
-    "olmo2": (olmo2_fields, None), "granite": (granite_fields, granite_fold),
+    "olmo2": (olmo2_fields, None), "granite": (granite_fields, granite_fold), "exaone4": (exaone4_fields, None),
     "qwen2moe": (qwen2moe_fields, lambda *_: shared_gate_rows),
     "olmoe": (lambda *_: {"qk_norm_span": "all"}, None)}  # OLMoE: q's and k's norms over their whole projections
 
@@ -304,6 +329,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
         raise UsageError(f"GGUF file {path.name} sets {arch}.attention.sliding_window={window}: not a positive window")
     n_layers = gguf_count(reader, f"{arch}.block_count", path.name)
     step = NOPE_STEP.get(arch)
+    nope = {"nope_layers": tuple(i for i in range(n_layers) if (i + 1) % step == 0)} if step else {}
     fields, fold = GGUF_FIELDS.get(arch, (lambda *_: {}, None))
     extra = fields(reader, path.name, dim, n_layers) | expert_fields(reader, arch, path.name)
     # the window slides the layers the architecture names (gemma3's local ones: `window_fields`); for another
@@ -323,8 +349,7 @@ def load_gguf(path: Path, progress: Callable[[int, int], None] | None = None) ->
             qkv_bias="blk.0.attn_q.bias" in tensors, tie_embeddings="output.weight" not in tensors,
             qk_norm="blk.0.attn_q_norm.weight" in tensors,  # Qwen3's per-head norms of q and k (olmo2: whole)
             rope_scaling=scaling, rope_dim=0 if rotary == head_dim else rotary,
-            nope_layers=tuple(i for i in range(n_layers) if (i + 1) % step == 0) if step else (),
-            **(extra | slides),
+            **(nope | extra | slides),
         )
     except ValueError as e:  # RoPE factors of another length than the rotary frequencies, or not positive; odd dims
         raise CheckpointError(f"GGUF file {path.name}: {e}") from None

@@ -1,5 +1,5 @@
-"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2,
-Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) of a specgen Transformer's weights (the `hf` row)."""
+"""A transformers causal LM (Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma, Gemma 2, Gemma 3, OLMo 2, OLMo 3,
+EXAONE 4, Granite, Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) of a specgen Transformer's weights (the `hf` row)."""
 
 from __future__ import annotations
 
@@ -138,19 +138,61 @@ def granite(cfg, common: dict):
         pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
-def olmo2(cfg, common: dict):
-    """transformers' Olmo2ForCausalLM of a block without pre-norms (`cfg.pre_norms` false): sandwich norms, q and k
-    normed over their whole projections, SwiGLU. A config OLMo 2 cannot express is a ValueError."""
+def post_norm_block(cfg) -> bool:
+    """Whether a block without pre-norms is what OLMo 2's, OLMo 3's and EXAONE 4's classes share: sandwich norms
+    (the config's invariant), a SwiGLU gate, no embedding scale, caps or q/k/v biases, whole-head rotate-half RoPE."""
+    return cfg.ffn_act == "silu" and not (cfg.embed_scale != 1 or cfg.rope_dim or cfg.qkv_bias or cfg.attn_softcap
+                                          or cfg.logit_softcap or cfg.rope_layout != "half")
+
+
+def olmo(cfg, common: dict):
+    """transformers' Olmo2ForCausalLM of a block without pre-norms (`cfg.pre_norms` false) whose q and k are normed
+    over their whole projections: sandwich norms, SwiGLU; with local layers Olmo3ForCausalLM (`olmo3`). A config
+    neither can express is a ValueError."""
     from transformers import Olmo2Config, Olmo2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
 
-    if not (cfg.qk_norm and cfg.qk_norm_span == "all" and cfg.ffn_act == "silu") or (
-            cfg.embed_scale != 1 or cfg.window or cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim
-            or cfg.qkv_bias or cfg.attn_softcap or cfg.logit_softcap or cfg.rope_layout != "half"):
-        raise ValueError("to_hf exports a block without pre-norms as OLMo 2, whose block has q/k norms over their "
-                         "whole projections, a SwiGLU gate, no embedding scale, window, caps or q/k/v biases and "
-                         "whole-head rotate-half RoPE in every layer")
+    if not (cfg.qk_norm and cfg.qk_norm_span == "all" and post_norm_block(cfg)) or cfg.nope_layers:
+        raise ValueError("to_hf exports a block without pre-norms as OLMo 2 or 3, whose block has q/k norms over "
+                         "their whole projections, a SwiGLU gate, no embedding scale, NoPE layers, caps or q/k/v "
+                         "biases and whole-head rotate-half RoPE in every layer")
+    if cfg.local_layers:
+        return olmo3(cfg, common)
     return Olmo2ForCausalLM(Olmo2Config(**common, attention_bias=False, pad_token_id=None, bos_token_id=None,
                                         eos_token_id=None))
+
+
+def olmo3(cfg, common: dict):
+    """transformers' Olmo3ForCausalLM of an OLMo 2 block with local layers: those sliding, with specgen's window
+    (none: the context, which makes them attend fully as specgen's do), turning with their own unscaled base (none:
+    the full layers', which then must be unscaled), the full layers with the config's base and scaling."""
+    from transformers import Olmo3Config, Olmo3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    if (not cfg.local_rope_theta and cfg.rope_scaling) or (cfg.rope_scaling or {}).get("rope_type") == "factors":
+        raise ValueError("to_hf exports local layers as OLMo 3's sliding ones, which turn with an unscaled RoPE, the "
+                         "full ones with a scaling of transformers' (not a GGUF's frequency divisors)")
+    full = {"rope_type": "default", **common.pop("rope_scaling", {}), "rope_theta": common.pop("rope_theta")}
+    local = {"rope_type": "default", "rope_theta": cfg.local_rope_theta or full["rope_theta"]}
+    return Olmo3ForCausalLM(Olmo3Config(
+        **common, rope_parameters={"full_attention": full, "sliding_attention": local}, layer_types=layer_types(cfg),
+        sliding_window=cfg.window or cfg.max_seq_len, attention_bias=False, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None))
+
+
+def exaone4(cfg, common: dict):
+    """transformers' Exaone4ForCausalLM of a block without pre-norms whose q and k are normed per head: its local
+    layers sliding over specgen's window (none: the context) and the others NoPE, or, without NoPE or local layers,
+    every layer full with RoPE (its class's null window). A config EXAONE 4 cannot express is a ValueError."""
+    from transformers import Exaone4Config, Exaone4ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    full = tuple(i for i in range(cfg.n_layers) if i not in cfg.local_layers)
+    windowed = bool(cfg.nope_layers or cfg.local_layers)
+    if not (cfg.qk_norm and post_norm_block(cfg)) or cfg.local_rope_theta or (windowed and cfg.nope_layers != full):
+        raise ValueError("to_hf exports a block without pre-norms and per-head q/k norms as EXAONE 4, whose block has "
+                         "a SwiGLU gate, no embedding scale, caps or q/k/v biases, one RoPE base, whole-head "
+                         "rotate-half RoPE, and either every layer full with RoPE or the layers that do not slide NoPE")
+    return Exaone4ForCausalLM(Exaone4Config(
+        **common, layer_types=layer_types(cfg), sliding_window=(cfg.window or cfg.max_seq_len) if windowed else None,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None))
 
 
 def gemma(cfg, common: dict):
@@ -264,9 +306,9 @@ def to_hf(model: Transformer):
         # throughout; the factor only stands in for the attention factor, which is given. Left out, transformers
         # derives it from original_max_position_embeddings and prints advice to set it (the `hf` row's noise)
         common["rope_scaling"]["factor"] = 1.0
-    if cfg.nope_layers and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # no loader builds one (docs/architectures)
+    if cfg.nope_layers and cfg.pre_norms and (cfg.rope_dim or cfg.qk_norm or cfg.qkv_bias):  # (no loader builds one)
         raise ValueError("to_hf exports NoPE layers as SmolLM3, which has no partial RoPE, q/k norms or q/k/v-only "
-                         "biases")
+                         "biases, or as EXAONE 4, whose block has no pre-norms")
     if (cfg.attn_softcap or cfg.logit_softcap) and not cfg.sandwich_norms:  # only Gemma 2's and 3's classes cap
         raise ValueError("to_hf exports softcaps as Gemma 2 or Gemma 3, whose blocks have sandwich norms")
     if cfg.qk_norm_span != "head" and cfg.pre_norms and not cfg.n_experts:  # (no loader builds one; OLMoE's routes)
@@ -275,8 +317,8 @@ def to_hf(model: Transformer):
         raise ValueError("to_hf exports a logit divisor as Granite, whose block is Llama's (pre-norms only, SwiGLU)")
     if cfg.n_experts:
         hf = moe(cfg, common)
-    elif not cfg.pre_norms:
-        hf = olmo2(cfg, common)
+    elif not cfg.pre_norms:  # q/k norms over whole projections: OLMo 2 or 3; per head (or none): EXAONE 4
+        hf = (olmo if cfg.qk_norm_span == "all" else exaone4)(cfg, common)
     elif granite_block(cfg):
         hf = granite(cfg, common)
     elif cfg.sandwich_norms:

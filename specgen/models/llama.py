@@ -53,6 +53,10 @@ HF_ARCHITECTURES = {
     # intermediate_size, 8 a token; one key/value head per query head where unset
     "OlmoeForCausalLM": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "num_local_experts": 64,
                          "num_experts_per_tok": 8},
+    # OLMo 3 (7B, 32B): OLMo 2's block, three sliding layers in four, a RoPE dict per layer kind (per_kind_rope)
+    "Olmo3ForCausalLM": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500000.0},
+    # EXAONE 4 (1.2B, 32B): output norms only, per-head q/k norms, sliding layers, the global ones NoPE (exaone4_nope)
+    "Exaone4ForCausalLM": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "num_key_value_heads": 32},
 }
 # an architecture -> the TransformerConfig fields of its block beyond Llama's (the Gemmas' config-dependent ones:
 # FIELDS; their norm offsets and Gemma 2's and 3's attention scales are folded into the weights at load: FOLDS)
@@ -62,6 +66,9 @@ BLOCKS = {"Qwen2ForCausalLM": {"qkv_bias": True}, "Qwen3ForCausalLM": {"qk_norm"
           "Gemma3ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "ffn_act": "gelu_tanh"},
           # OLMo 2: no norm before the sublayers, each output normed before its add, q and k normed whole
           "Olmo2ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False},
+          "Olmo3ForCausalLM": {"qk_norm": True, "qk_norm_span": "all", "sandwich_norms": True, "pre_norms": False},
+          # EXAONE 4: OLMo 2's norms with Qwen3's per-head q/k norms
+          "Exaone4ForCausalLM": {"qk_norm": True, "sandwich_norms": True, "pre_norms": False},
           "Qwen3MoeForCausalLM": {"qk_norm": True},
           "OlmoeForCausalLM": {"qk_norm": True, "qk_norm_span": "all"}}  # (its q/k/v biases: qwen2_moe_fields)
 # an architecture -> (the config key naming its gate's activation, the values specgen implements: its block's);
@@ -83,7 +90,8 @@ SET_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "Qwen3ForCausalL
             "GemmaForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma2ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
             "Gemma3ForCausalLM": ("attention_bias", "attn_logit_softcapping", "use_bidirectional_attention"),
-            "Olmo2ForCausalLM": ("attention_bias",), "GraniteForCausalLM": ("attention_bias", "mlp_bias"),
+            "Olmo2ForCausalLM": ("attention_bias",), "Olmo3ForCausalLM": ("attention_bias",),
+            "GraniteForCausalLM": ("attention_bias", "mlp_bias"),
             "Qwen3MoeForCausalLM": ("attention_bias",),
             "OlmoeForCausalLM": ("attention_bias", "clip_qkv", "sliding_window")}
 WHY_SET = {"attention_bias": "biases on q/k/v and o_proj are not implemented",
@@ -163,13 +171,18 @@ def hf_config(raw: dict) -> TransformerConfig:
         raise UsageError(f"config.json: {e}") from None
 
 
+#: the architectures whose config class types num_key_value_heads int and refuses a null
+KV_HEADS_TYPED = ("MistralForCausalLM", "Exaone4ForCausalLM")
+
+
 def kv_heads(raw: dict, arch: str, n_heads: int) -> int:
     """num_key_value_heads as transformers reads it: absent, the class default; null, one per query head (each class's
-    __post_init__), except Mistral's, whose class types the key int and refuses a null."""
+    __post_init__), except where the class types the key int and refuses a null (KV_HEADS_TYPED)."""
     if "num_key_value_heads" not in raw:
         return HF_ARCHITECTURES[arch].get("num_key_value_heads", n_heads)
-    if raw["num_key_value_heads"] is None and arch == "MistralForCausalLM":
-        raise CheckpointError("config.json sets num_key_value_heads=null: not a positive integer (MistralConfig)")
+    if raw["num_key_value_heads"] is None and arch in KV_HEADS_TYPED:
+        raise CheckpointError(f"config.json sets num_key_value_heads=null: not a positive integer "
+                              f"({arch.replace('ForCausalLM', 'Config')})")
     return raw["num_key_value_heads"] or n_heads  # check_numbers: a positive int or null
 
 
@@ -308,12 +321,16 @@ def spread_rotary(cfg: TransformerConfig, ours: str, parts: list[torch.Tensor]) 
 
 
 def nope_layers(raw: dict, arch: str) -> tuple[int, ...]:
-    """TransformerConfig.nope_layers: SmolLM3's layers without RoPE, those its `no_rope_layers` marks 0 (1: RoPE);
-    without that list, as transformers derives it, every `no_rope_layer_interval`-th (layer i when (i + 1) % interval
-    == 0). A list that does not give each layer one 0 or 1 is refused as corrupt (transformers would read a longer
-    one's first entries and any truthy value as RoPE)."""
-    if arch != "SmolLM3ForCausalLM":
-        return ()
+    """TransformerConfig.nope_layers: the layers whose attention applies no RoPE, as `arch`'s class derives them
+    (NOPE); () for a class that turns every layer."""
+    return tuple(NOPE[arch](raw)) if arch in NOPE else ()
+
+
+def smollm3_nope(raw: dict) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE, those its `no_rope_layers` marks 0 (1: RoPE); without that list, as
+    transformers derives it, every `no_rope_layer_interval`-th (layer i when (i + 1) % interval == 0). A list that
+    does not give each layer one 0 or 1 is refused as corrupt (transformers would read a longer one's first entries
+    and any truthy value as RoPE)."""
     n = raw["num_hidden_layers"]
     marks = raw.get("no_rope_layers")
     if marks is None:
@@ -326,6 +343,18 @@ def nope_layers(raw: dict, arch: str) -> tuple[int, ...]:
         raise CheckpointError(f"config.json sets no_rope_layers={json.dumps(marks)}: not one 0 (no RoPE) or 1 (RoPE) "
                               f"for each of its {n} layers")
     return tuple(i for i, m in enumerate(marks) if m == 0)
+
+
+def exaone4_nope(raw: dict) -> list[int]:
+    """EXAONE 4's layers without RoPE: where a window is set (its attention's test: `sliding_window` not null), those
+    that do not slide; without one, none (every layer turns and attends fully)."""
+    if raw.get("sliding_window", 4096) is None:
+        return []
+    return [i for i, kind in enumerate(patterned_layer_types(raw, "Exaone4ForCausalLM")) if kind == "full_attention"]
+
+
+#: an architecture -> its layers without RoPE as its class derives them from a config
+NOPE = {"SmolLM3ForCausalLM": smollm3_nope, "Exaone4ForCausalLM": exaone4_nope}
 
 
 def sliding_fields(raw: dict, arch: str) -> dict:
@@ -364,9 +393,15 @@ def smollm3_sliding(raw: dict) -> tuple:
     return window, layers
 
 
-def gemma_sliding(raw: dict, kinds: list[str]) -> tuple:
-    """Gemma 2's and 3's: the layers `kinds` marks sliding (layer_types, or the class's derivation), window default
-    4096 (both classes')."""
+def typed_sliding(arch: str) -> Callable[[dict], tuple]:
+    """Gemma 2's and 3's, OLMo 3's, EXAONE 4's: the layers `patterned_layer_types` marks sliding (layer_types, or the
+    class's pattern), window default 4096 (each class's); sliding layers without a window are refused (transformers
+    cannot build their mask either)."""
+    return lambda raw: kinds_sliding(raw, patterned_layer_types(raw, arch))
+
+
+def kinds_sliding(raw: dict, kinds: list[str]) -> tuple:
+    """(window, sliding layers) of a config whose layer `kinds` are given: the window default 4096."""
     window = raw.get("sliding_window", 4096)
     layers = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
     if layers and window is None:  # transformers cannot build those layers' mask either
@@ -409,8 +444,8 @@ def qwen2_moe_sliding(raw: dict) -> tuple:
 #: an architecture -> (its window, the layers that slide) as transformers derives them from a config
 SLIDING = {"MistralForCausalLM": every_layer_slides(4096), "Phi3ForCausalLM": every_layer_slides(None),
            "SmolLM3ForCausalLM": smollm3_sliding,
-           "Gemma2ForCausalLM": lambda raw: gemma_sliding(raw, gemma2_layer_types(raw)),
-           "Gemma3ForCausalLM": lambda raw: gemma_sliding(raw, gemma3_layer_types(raw)),
+           **{arch: typed_sliding(arch) for arch in ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Olmo3ForCausalLM",
+                                                      "Exaone4ForCausalLM")},
            "Qwen2ForCausalLM": qwen_sliding, "Qwen3ForCausalLM": qwen_sliding,
            "MixtralForCausalLM": every_layer_slides(None),  # its class: every layer, where a window is set
            # Qwen3-MoE's class: every layer, only with use_sliding_window (its config drops the window otherwise)
@@ -445,59 +480,87 @@ def given_layer_types(raw: dict) -> list[str] | None:
     return raw["layer_types"]
 
 
-def gemma2_layer_types(raw: dict) -> list[str]:
-    """A Gemma 2 config's layer kinds as transformers reads them: `layer_types`, else layer i slides when (i + 1) % 2
-    is not 0 (layers 0, 2, 4, ...), its class's derivation (llama.cpp's gemma2 too: swa pattern 2)."""
-    given = given_layer_types(raw)
-    n = raw["num_hidden_layers"]
-    return given if given is not None else ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+def exaone4_pattern(raw: dict) -> int:
+    """EXAONE 4's `sliding_window_pattern` (default 4) where its config sets no layer_types. Its class derives no
+    kinds from a null window (a pattern of 0: it divides by it) or a pattern string ("LLLG": an int % str), both
+    refused; its docstring's last layer always global is not what its code does (the pattern alone)."""
+    if raw.get("sliding_window", 4096) is None:
+        raise refuse("sliding_window", None, "without layer_types transformers' Exaone4Config derives no layer kinds "
+                     "(it divides by a pattern of 0)")
+    pattern = raw.get("sliding_window_pattern", 4)
+    if isinstance(pattern, str):
+        raise refuse("sliding_window_pattern", pattern, "a pattern string without layer_types: transformers' "
+                     "Exaone4Config derives no layer kinds from one (int % str)")
+    return pattern
 
 
-def gemma3_layer_types(raw: dict) -> list[str]:
-    """A Gemma 3 config's layer kinds as transformers reads them: `layer_types` (one known kind a layer), else layer i
-    slides unless (i + 1) % `sliding_window_pattern` (default 6) is 0, its class's derivation."""
+#: an architecture -> its class's pattern p where a config sets no layer_types: layer i slides unless (i + 1) % p is 0
+#: (Gemma 2's every other layer from 0, llama.cpp's gemma2 too: swa pattern 2; OLMo 3's three in four)
+PATTERNS = {"Gemma2ForCausalLM": lambda raw: 2, "Gemma3ForCausalLM": lambda raw: raw.get("sliding_window_pattern", 6),
+            "Olmo3ForCausalLM": lambda raw: 4, "Exaone4ForCausalLM": exaone4_pattern}
+
+
+def patterned_layer_types(raw: dict, arch: str) -> list[str]:
+    """A config's layer kinds as `arch`'s class reads them: `layer_types` (one known kind a layer), else layer i
+    slides unless (i + 1) % its pattern (PATTERNS, a positive int) is 0, its class's derivation."""
     n = raw["num_hidden_layers"]
     if (given := given_layer_types(raw)) is not None:
         return given
-    pattern = raw.get("sliding_window_pattern", 6)
+    pattern = PATTERNS[arch](raw)
     if type(pattern) is not int or pattern < 1:
         raise CheckpointError(f"config.json sets sliding_window_pattern={json.dumps(pattern)}: not a positive integer")
     return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
 
 
-def gemma3_rope(raw: dict) -> tuple[dict, dict]:
-    """A Gemma 3 config's (global, local) RoPE dicts as its transformers class reads them: `rope_parameters` per layer
-    kind (transformers 5), a legacy `rope_scaling` updating the global one, the bases from `rope_theta` (default 1e6)
-    and `rope_local_base_freq` (default 1e4) where the dicts set none."""
+#: an architecture reading one RoPE dict per layer kind -> (the full layers' base where neither its dict nor
+#: rope_theta sets one, the key of the sliding layers' base beside their dict (None: none), that base's default).
+#: OLMo 3's class reads a top-level rope_theta into the full layers' dict only (it pops the key once, then takes the
+#: default for the sliding layers' dict)
+KIND_ROPE = {"Gemma3ForCausalLM": (1000000.0, "rope_local_base_freq", 10000.0),
+             "Olmo3ForCausalLM": (500000.0, None, 500000.0)}
+
+
+def per_kind_rope(raw: dict, arch: str) -> tuple[dict, dict]:
+    """A config's (full, sliding) layers' RoPE dicts as `arch`'s class reads them: `rope_parameters` per layer kind
+    (transformers 5), a legacy `rope_scaling` updating the full one, the bases (KIND_ROPE) where the dicts set none;
+    the sliding layers' RoPE unscaled (else refused), whole heads."""
     params = raw.get("rope_parameters") or {}
     if not isinstance(params, dict) or set(params) - {"full_attention", "sliding_attention"} or not all(
             isinstance(v, dict) or v is None for v in params.values()):
-        raise refuse("rope_parameters", params, "Gemma 3 reads one RoPE dict per layer kind (full_attention, "
+        raise refuse("rope_parameters", params, f"{arch} reads one RoPE dict per layer kind (full_attention, "
                      "sliding_attention)")
+    full_theta, local_key, local_theta = KIND_ROPE[arch]
     full = {**(params.get("full_attention") or {}), **(raw.get("rope_scaling") or {})}
     local = dict(params.get("sliding_attention") or {})
-    full.setdefault("rope_theta", raw.get("rope_theta") or 1000000.0)
-    local.setdefault("rope_theta", raw.get("rope_local_base_freq") or 10000.0)
+    full.setdefault("rope_theta", raw.get("rope_theta") or full_theta)
+    local.setdefault("rope_theta", raw.get(local_key) or local_theta)
     for kind, p in (("full_attention", full), ("sliding_attention", local)):
         if p.get("partial_rotary_factor", 1.0) != 1:
             raise refuse(f"rope_parameters.{kind}.partial_rotary_factor", p["partial_rotary_factor"],
-                         "partial RoPE is implemented for Phi3ForCausalLM, not Gemma3ForCausalLM")
+                         f"partial RoPE is implemented for Phi3ForCausalLM, not {arch}")
     if local.get("rope_type", local.get("type", "default")) != "default":
         raise refuse("rope_parameters.sliding_attention.rope_type", local.get("rope_type", local.get("type")),
-                     "specgen's local layers turn with an unscaled RoPE (Gemma 3's)")
+                     "specgen's local layers turn with an unscaled RoPE")
     return full, local
 
 
-def gemma3_fields(raw: dict) -> tuple[dict, dict]:
-    """A Gemma 3 config as hf_config reads it: the config with its global RoPE as a flat `rope_parameters` (read as
-    every other class's), and the TransformerConfig fields it adds: the embedding scale sqrt(hidden_size), the local
-    (sliding) layers and their RoPE base."""
-    full, local = gemma3_rope(raw)
+def per_kind_fields(raw: dict, arch: str) -> tuple[dict, dict]:
+    """A config with a RoPE dict per layer kind (Gemma 3, OLMo 3) as hf_config reads it: the config with its full
+    layers' RoPE as a flat `rope_parameters` (read as every other class's), and the local (sliding) layers with their
+    own RoPE base (their window: SLIDING)."""
+    full, local = per_kind_rope(raw, arch)
     flat = {k: v for k, v in raw.items() if k != "rope_scaling"} | {"rope_parameters": full}
-    layers = tuple(i for i, kind in enumerate(gemma3_layer_types(raw)) if kind == "sliding_attention")
+    layers = tuple(i for i, kind in enumerate(patterned_layer_types(raw, arch)) if kind == "sliding_attention")
     theta = positive_number("rope_parameters.sliding_attention.rope_theta", local["rope_theta"]) if layers else 0.0
-    return flat, {"embed_scale": raw["hidden_size"] ** 0.5, "local_layers": layers, "local_rope_theta": theta,
-                  **softcaps(raw, {"final_logit_softcapping": None})}  # (its attention cap: check_unsupported)
+    return flat, {"local_layers": layers, "local_rope_theta": theta}
+
+
+def gemma3_fields(raw: dict) -> tuple[dict, dict]:
+    """A Gemma 3 config as hf_config reads it: `per_kind_fields`, and the embedding scale sqrt(hidden_size) and final
+    cap it adds."""
+    flat, extra = per_kind_fields(raw, "Gemma3ForCausalLM")
+    return flat, extra | {"embed_scale": raw["hidden_size"] ** 0.5,
+                          **softcaps(raw, {"final_logit_softcapping": None})}  # (its attention cap: check_unsupported)
 
 
 CAP_FIELDS = {"attn_logit_softcapping": "attn_softcap", "final_logit_softcapping": "logit_softcap"}
@@ -614,6 +677,7 @@ def qwen2_moe_fields(raw: dict) -> tuple[dict, dict]:
 
 #: an architecture -> its config read as (the config hf_config reads on, the TransformerConfig fields it adds)
 FIELDS = {"GemmaForCausalLM": gemma_fields, "Gemma2ForCausalLM": gemma2_fields, "Gemma3ForCausalLM": gemma3_fields,
+          "Olmo3ForCausalLM": lambda raw: per_kind_fields(raw, "Olmo3ForCausalLM"),
           "GraniteForCausalLM": granite_fields,
           "Qwen3MoeForCausalLM": lambda raw: qwen_moe_fields(raw, "Qwen3MoeForCausalLM"),
           "Qwen2MoeForCausalLM": qwen2_moe_fields,

@@ -16,7 +16,7 @@ from specgen.methods.text import EmptyDrafter
 from specgen.models.hf_export import to_hf
 from tests.cli.test_cli_bench_prompts import BENCH
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401 - the fixture
-from tests.conftest import GEMMA2, GRANITE, MOE, OLMO2, tiny_model, unwindowed
+from tests.conftest import EXAONE4, GEMMA2, GRANITE, MOE, OLMO2, OLMO3, tiny_model, unwindowed
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3]
 
@@ -62,6 +62,25 @@ def test_the_hf_rows_of_an_olmo2_target_decode_what_ar_decodes():
     other = tiny_model(0, **{**OLMO2, "qk_norm_span": "head"})
     assert run_batch(ModelTarget(other), lambda i: EmptyDrafter(), [PROMPT], 30,
                      SamplingParams()).results[0].tokens != ar
+
+
+@pytest.mark.parametrize("over,cls", [(OLMO3, "Olmo3ForCausalLM"), (EXAONE4, "Exaone4ForCausalLM")])
+def test_the_hf_rows_of_olmo3_and_exaone4_targets_decode_what_ar_decodes(over, cls):
+    """An OLMo 3 target (OLMo 2's block, layer 0 sliding with its own RoPE base) and an EXAONE 4 one (per-head q/k
+    norms, layer 0 sliding, layer 1 NoPE) export as their transformers classes, whose `hf`, `hf-lookup` and
+    `hf-compiled` (uncompiled here) rows decode AR's tokens, 30 of them past the window of 6. Control: AR of the same
+    weights without the window decodes other tokens."""
+    def ar(over: dict) -> list[int]:
+        model = tiny_model(0, **over)
+        return list(run_batch(ModelTarget(model), lambda i: EmptyDrafter(), [PROMPT], 30,
+                              SamplingParams()).results[0].tokens)
+
+    hf = to_hf(tiny_model(0, **over)).eval()
+    assert type(hf).__name__ == cls
+    got = [timed_static_greedy(hf, one_token, PROMPT, 30)[0], generate_padded(hf, [PROMPT], 30)[0][0],
+           generate_padded(hf, [PROMPT], 30, prompt_lookup_num_tokens=10)[0][0]]
+    assert got == [ar(over)] * 3
+    assert ar(unwindowed(over)) != ar(over)
 
 
 def test_the_hf_rows_of_a_granite_target_decode_what_ar_decodes():

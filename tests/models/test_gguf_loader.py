@@ -20,8 +20,8 @@ from specgen.models.llama import layer_map, load_hf_folder
 from specgen.models.rope import per_head, spread_order
 from specgen.models.transformer import Transformer
 from tests.models.test_hf_configs import (GRANITE, LLAMA3, SMOLLM3, assert_same, cached_logits, gemma1_model,
-                                          gemma2_model, gemma3_model, granite_model, hf_model, logits, olmo2_model,
-                                          tokens)
+                                          exaone4_model, gemma2_model, gemma3_model, granite_model, hf_model, logits,
+                                          olmo2_model, tokens)
 
 
 def llama3_factors(hd: int, theta: float, scaling: dict) -> list[float]:
@@ -560,6 +560,75 @@ def test_an_olmo2_gguf_with_a_sliding_window_is_refused_in_one_line(tmp_path):
     """llama.cpp's olmo2 slides some layers where the file sets a window (OLMo 3's): refused, naming the key."""
     _, path = olmo2_gguf(tmp_path, sliding_window=16)
     with pytest.raises(UsageError, match="^GGUF file o.gguf sets olmo2.attention.sliding_window: .*OLMo 3") as err:
+        load_gguf(path)
+    assert "\n" not in str(err.value)
+
+
+def exaone4_gguf(tmp_path, layers: int, scaled: bool = False, **keys) -> tuple:
+    """A transformers EXAONE 4 of `layers` layers as llama.cpp's exaone4 loader builds one (64: the 32B's switch, every
+    layer but each fourth sliding, here over 16 positions, the others NoPE; another count: no window, every layer full
+    with RoPE) and its exaone4 GGUF as llama.cpp's converter writes it: the tensors as stored (NEOX RoPE), the output
+    norms as post_attention_norm and post_ffw_norm, the per-head q/k norms as attn_q_norm and attn_k_norm, the window
+    as a key, `scaled`: Llama 3's RoPE scaling (EXAONE 4.0 32B's) as rope_freqs.weight (`keys`: more metadata)."""
+    full = dict(sliding_window=None, layer_types=["full_attention"] * layers)
+    over = (dict(sliding_window=16) if layers == 64 else full) | (dict(rope_scaling=LLAMA3) if scaled else {})
+    theirs = exaone4_model(num_hidden_layers=layers, **over)
+    theirs.save_pretrained(tmp_path / "hf")
+    loaded = load_hf_folder(tmp_path / "hf")
+    cfg, window = loaded.cfg, {"sliding_window": 16} if layers == 64 else {}
+    factors = {"rope_freqs.weight": np.array(llama3_factors(cfg.hd, cfg.rope_theta, LLAMA3), dtype=np.float32)}
+    write_gguf(tmp_path / "e.gguf", cfg, loaded.state, factors if scaled else None, arch="exaone4",
+               **{**window, **keys})
+    return theirs, tmp_path / "e.gguf"
+
+
+@pytest.mark.parametrize("layers,scaled", [(5, False), (64, False), (5, True)])
+def test_an_exaone4_gguf_decodes_as_transformers_exaone4(layers, scaled, tmp_path):
+    """An exaone4 GGUF loads as its HF folder does (no pre-norms, sandwich norms, per-head q/k norms, rotate-half RoPE;
+    the 64-layer model's sliding layers over the file's window and its NoPE global layers, as llama.cpp fixes them;
+    Llama 3's scaling as its frequency divisors) and gives transformers' logits, uncached and through a cache, and so
+    does the hf row's export of it. Controls: the interleaved layout, and (64 layers) RoPE in every layer or no
+    window, each differ."""
+    theirs, path = exaone4_gguf(tmp_path, layers, scaled)
+    loaded = load_gguf(path)
+    ours = Transformer(loaded.cfg).eval()
+    assert ours.load_state_dict(loaded.state) == ([], [])
+    hf_cfg = load_hf_folder(tmp_path / "hf").cfg  # (the scaling: the file's divisors, not the HF dict)
+    assert dataclasses.replace(loaded.cfg, norm_eps=1e-6, rope_scaling=hf_cfg.rope_scaling) == hf_cfg
+    assert (loaded.cfg.rope_scaling or {}).get("rope_type") == ("factors" if scaled else None)
+    assert (loaded.cfg.window, len(loaded.cfg.nope_layers), loaded.cfg.max_seq_len) == (
+        (16, 16, 256) if layers == 64 else (0, 0, 256))
+    x = tokens(96 if scaled else 60)  # past the scaling's original context (32)
+    assert_same(ours, theirs, x)
+    torch.testing.assert_close(cached_logits(ours, x), logits(theirs, x), atol=1e-4, rtol=1e-4)
+    assert_same(to_hf(ours), theirs, x)
+    controls = [dict(rope_layout="interleaved")] + ([dict(rope_scaling=None)] if scaled else [])
+    controls += [dict(nope_layers=()), dict(window=0, local_layers=())] if layers == 64 else []
+    for over in controls:
+        wrong = Transformer(dataclasses.replace(loaded.cfg, **over)).eval()
+        wrong.load_state_dict(loaded.state)
+        assert not torch.allclose(logits(wrong, x), logits(theirs, x), atol=1e-2), over
+
+
+def test_an_exaone4_gguf_of_the_fixed_pattern_written_out_or_without_its_window_loads(tmp_path):
+    """The 32B's pattern written as a key (the converter's array from layer_types) is what llama.cpp fixes; without
+    the window key llama.cpp's default 4096 slides."""
+    local = [(i + 1) % 4 != 0 for i in range(64)]
+    _, path = exaone4_gguf(tmp_path, 64, sliding_window=lambda w: None, sliding_window_pattern=local)
+    cfg = load_gguf(path).cfg
+    assert (cfg.window, cfg.local_layers) == (4096, tuple(i for i in range(64) if local[i]))
+
+
+@pytest.mark.parametrize("layers,keys,key", [
+    (5, dict(sliding_window=16), "sliding_window"),  # llama.cpp slides no layer of a model of another size
+    (5, dict(sliding_window_pattern=[True] * 4 + [False]), "sliding_window_pattern"),
+    (64, dict(sliding_window_pattern=[True, False] * 32), "sliding_window_pattern"),
+])
+def test_an_exaone4_gguf_window_llama_cpp_ignores_is_refused_in_one_line(layers, keys, key, tmp_path):
+    """llama.cpp's exaone4 loader fixes its sliding layers by the layer count: a window or pattern it would ignore
+    (the file says another model than it runs) is refused, naming the key."""
+    _, path = exaone4_gguf(tmp_path, layers, **keys)
+    with pytest.raises(UsageError, match=f"^GGUF file e.gguf sets exaone4.attention.{key}, which llama.cpp") as err:
         load_gguf(path)
     assert "\n" not in str(err.value)
 

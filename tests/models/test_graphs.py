@@ -20,8 +20,8 @@ from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import SLICE_ROWS, SlicedLinear
 from specgen.models.static_step import Bucket, StaticInputs, target_step
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, MOE, OLMO2, OLMOE, QWEN2_MOE, SLIDING,
-                            method_drafter, tiny_model, unwindowed)
+from tests.conftest import (EXAONE4, GEMMA, GEMMA1, GEMMA2, GRANITE, LOSSLESS_TEXT, MOE, OLMO2, OLMO3, OLMOE, QWEN2_MOE,
+                            SLIDING, method_drafter, tiny_model, unwindowed)
 from tests.image_fixtures import tiny_image_target
 
 PROMPT = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
@@ -167,6 +167,12 @@ TARGETS = {
     # OLMo 2: no pre-norms (no fused residual norms), sandwich norms, q and k normed over their whole projections;
     # per-head q/k norms and added pre-norms each change the tokens
     "olmo2": (OLMO2, 24, [{**OLMO2, "qk_norm_span": "head"}, {**OLMO2, "pre_norms": True}]),
+    # OLMo 3: OLMo 2's block, layer 0 sliding (40 tokens: past its window of 6) with its own RoPE base; the window
+    # and the base each change the tokens
+    "olmo3": (OLMO3, 40, [unwindowed(OLMO3), {**OLMO3, "local_rope_theta": 0.0}]),
+    # EXAONE 4: no pre-norms, per-head q/k norms, layer 0 sliding, layer 1 NoPE; the window, RoPE in layer 1 and
+    # whole-span q/k norms each change the tokens
+    "exaone4": (EXAONE4, 40, [unwindowed(EXAONE4), {**EXAONE4, "nope_layers": ()}, {**EXAONE4, "qk_norm_span": "all"}]),
     # Granite: Llama's block with its embeddings scaled and its logits divided (its other multipliers are weights);
     # the embedding scale changes the tokens (the divisor, monotone, cannot under greedy)
     "granite": (GRANITE, 24, [{**GRANITE, "embed_scale": 1.0}]),

@@ -396,14 +396,15 @@ def test_a_smollm3_config_without_its_keys_takes_transformers_class_defaults():
 
 
 @pytest.mark.parametrize("arch", ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                  "Phi3ForCausalLM", "SmolLM3ForCausalLM"])
+                                  "Phi3ForCausalLM", "SmolLM3ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM"])
 def test_a_null_num_key_value_heads_is_read_as_transformers_reads_it(arch):
     """An explicit null took the class default (Mistral 8, Qwen 32, SmolLM3 4), another model than transformers
-    builds: its classes read None as num_attention_heads, but MistralConfig types the key int and refuses a null.
+    builds: its classes read None as num_attention_heads, but MistralConfig and Exaone4Config type the key int and
+    refuse a null.
     An absent key keeps the class default."""
     raw = {**SHAPE, "architectures": [arch], "num_key_value_heads": None, "num_attention_heads": 8}  # not 4: SmolLM3's
     config_cls = getattr(transformers, arch.replace("ForCausalLM", "Config"))
-    if arch == "MistralForCausalLM":
+    if arch in ("MistralForCausalLM", "Exaone4ForCausalLM"):
         with pytest.raises(Exception, match="num_key_value_heads"):
             config_cls(**raw)
         with pytest.raises(CheckpointError, match=r"^config.json sets num_key_value_heads=null: not a positive"):
@@ -712,7 +713,7 @@ def test_a_gemma3_config_without_its_keys_takes_transformers_class_defaults():
     assert cfg.embed_scale == 32**0.5 and cfg.ffn_act == "gelu_tanh" and cfg.sandwich_norms and cfg.qk_norm
 
 
-@pytest.mark.parametrize("make", ["gemma3", "gemma2", "olmo2"])
+@pytest.mark.parametrize("make", ["gemma3", "gemma2", "olmo2", "olmo3", "exaone4"])
 def test_sandwich_blocks_in_bfloat16_are_as_close_to_float32_as_transformers_bfloat16(make, tmp_path):
     """The folded offsets (1 + w rounded to bfloat16 once, at load) and Llama's norm formula (normed x rounded before
     the weight) round differently from transformers' float32 (1 + w) product, and from OLMo 2's norm (the weight
@@ -720,7 +721,8 @@ def test_sandwich_blocks_in_bfloat16_are_as_close_to_float32_as_transformers_bfl
     transformers' own bfloat16 logits (measured: Gemma 3 0.15-0.19 against 0.16-0.17 of logits up to 8; Gemma 2, its
     capped scores on the CPU's chunked path, 0.14 against 0.10 of logits capped at 3; OLMo 2 0.24 against 0.18 of
     logits up to 7)."""
-    theirs = {"gemma3": gemma3_model, "gemma2": gemma2_model, "olmo2": olmo2_model}[make]()
+    theirs = {"gemma3": gemma3_model, "gemma2": gemma2_model, "olmo2": olmo2_model, "olmo3": olmo3_model,
+              "exaone4": exaone4_model}[make]()
     theirs.save_pretrained(tmp_path)
     ours, x = load(tmp_path), tokens(100)
     exact = logits(theirs, x)
@@ -936,6 +938,214 @@ def test_a_block_that_olmo2_cannot_express_is_not_exported(over, says):
 
     with pytest.raises(ValueError, match=says):
         to_hf(tiny_model(0, **{**TINY_OLMO2, **over}))
+
+
+# OLMo 3 over 5 layers: layers 0, 1, 2 and 4 slide (its class's three in four) over a window of 16 (sequences of 100
+# tokens: several windows); SHAPE's rope_theta (100) turns the full layers only, the sliding ones take the class's
+# 500000 (it reads a top-level rope_theta into the full layers' dict alone)
+OLMO3 = dict(num_hidden_layers=5, sliding_window=16, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+OLMO3_CASES = {"olmo3": {}, "olmo3-tied": dict(tie_word_embeddings=True),
+               # transformers 5's per-kind dicts: the full layers scaled (YaRN, OLMo 3 7B's), the sliding ones' own base
+               "olmo3-per-kind-rope": dict(rope_parameters={
+                   "full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+                                      "rope_theta": 100.0},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}),
+               "olmo3-layer-types": dict(layer_types=["full_attention", "sliding_attention", "full_attention",
+                                                      "sliding_attention", "sliding_attention"], head_dim=16)}
+
+
+def olmo3_model(**over):
+    """A random tiny transformers Olmo3ForCausalLM: `hf_model`'s, its norms' weights around 1."""
+    return hf_model("Olmo3ForCausalLM", **{**OLMO3, **over})
+
+
+def local_controls(ours: Transformer) -> dict[str, Transformer]:
+    """The loaded model with its local layers' details undone each: the full layers' RoPE in them (their own base
+    dropped), no window (the local layers attending fully)."""
+    cfg, state = ours.cfg, ours.state_dict()
+    return built({"one_base": (dataclasses.replace(cfg, local_rope_theta=0.0, local_layers=cfg.local_layers), state),
+                  "no_window": (dataclasses.replace(cfg, window=0), state)})
+
+
+@pytest.mark.parametrize("case", OLMO3_CASES)
+def test_olmo3_logits_equal_transformers(case, tmp_path):
+    """OLMo 3 loads exactly: OLMo 2's block (no pre-norms, output norms, whole-span q/k norms, SwiGLU), its sliding
+    layers over their window with their own unscaled RoPE base, the full layers' base and scaling; uncached, through a
+    cache, and from the hf row's export (transformers' Olmo3ForCausalLM). Controls: each detail undone is visibly
+    wrong."""
+    theirs = olmo3_model(**OLMO3_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg, rope = ours.cfg, theirs.config.rope_parameters
+    assert (cfg.pre_norms, cfg.sandwich_norms, cfg.qk_norm, cfg.qk_norm_span, cfg.window) == (
+        False, True, True, "all", 16)
+    assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.config.layer_types) if t == "sliding_attention")
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (rope["full_attention"]["rope_theta"],
+                                                      rope["sliding_attention"]["rope_theta"])
+    assert cfg.local_rope_theta == (1000.0 if case == "olmo3-per-kind-rope" else 500000.0) and cfg.rope_theta == 100
+    assert (cfg.rope_scaling or {}).get("rope_type") == ("yarn" if case == "olmo3-per-kind-rope" else None)
+    x = tokens(100)
+    assert_exact_and_exported(ours, theirs, x, "Olmo3ForCausalLM")
+    for name, wrong in (olmo2_controls(ours) | local_controls(ours)).items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_an_olmo3_config_without_its_keys_takes_transformers_class_defaults():
+    """OLMo 3's class defaults: OLMo 2's (one key/value head per query head, an untied head, a 2048 context, norm
+    epsilon 1e-5), both RoPE bases 500000, three layers in four sliding over a window of 4096; a top-level rope_theta
+    sets the full layers' base only (its class's reading); a legacy rope_scaling scales the full layers only."""
+    raw = {k: v for k, v in SHAPE.items()
+           if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
+    raw |= {"num_hidden_layers": 8}
+    theirs = transformers.Olmo3Config(**raw)
+    cfg = hf_config({**raw, "architectures": ["Olmo3ForCausalLM"]})
+    assert (cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len, cfg.norm_eps, cfg.window) == (
+        theirs.num_key_value_heads, theirs.tie_word_embeddings, theirs.max_position_embeddings,
+        theirs.rms_norm_eps, theirs.sliding_window) == (4, False, 2048, 1e-5, 4096)
+    assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
+    assert cfg.local_layers == (0, 1, 2, 4, 5, 6)
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (theirs.rope_parameters["full_attention"]["rope_theta"],
+                                                      theirs.rope_parameters["sliding_attention"]["rope_theta"])
+    assert cfg.rope_theta == cfg.local_rope_theta == 500000.0
+    legacy = {**raw, "rope_theta": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+    theirs, cfg = transformers.Olmo3Config(**legacy), hf_config({**legacy, "architectures": ["Olmo3ForCausalLM"]})
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (theirs.rope_parameters["full_attention"]["rope_theta"],
+                                                      theirs.rope_parameters["sliding_attention"]["rope_theta"])
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (1e4, 500000.0)
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert theirs.rope_parameters["sliding_attention"]["rope_type"] == "default"
+
+
+def test_local_layers_without_their_own_base_beside_a_scaling_are_not_exported_as_olmo3():
+    """OLMo 3's sliding layers turn with an unscaled RoPE: local layers turning with the full layers' scaled table
+    (which no loader builds) have no OLMo 3 class."""
+    from tests.conftest import OLMO2 as TINY_OLMO2, tiny_model
+
+    with pytest.raises(ValueError, match="unscaled RoPE"):
+        to_hf(tiny_model(0, **{**TINY_OLMO2, "local_layers": (0,), "window": 4,
+                               "rope_scaling": {"rope_type": "linear", "factor": 2.0}}))
+
+
+# EXAONE 4 over 5 layers, heads of 16 (not hidden / heads): layers 0, 1, 2 and 4 slide (its class's pattern 4) over a
+# window of 16, layer 3 attends fully without RoPE (a window is set)
+EXAONE4 = dict(num_hidden_layers=5, sliding_window=16, head_dim=16, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+EXAONE4_CASES = {"exaone4": {}, "exaone4-pattern-3": dict(sliding_window_pattern=3),
+                 "exaone4-tied-llama3": dict(tie_word_embeddings=True, rope_scaling=LLAMA3),
+                 "exaone4-layer-types": dict(sliding_window_pattern="LLG", layer_types=[
+                     "sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "full_attention"]),
+                 # EXAONE 4.0 1.2B's kind: no window, every layer full and turning
+                 "exaone4-no-window": dict(sliding_window=None, layer_types=["full_attention"] * 5)}
+
+
+def exaone4_model(**over):
+    """A random tiny transformers Exaone4ForCausalLM: `hf_model`'s, its norms' weights around 1."""
+    return hf_model("Exaone4ForCausalLM", **{**EXAONE4, **over})
+
+
+def exaone4_controls(ours: Transformer) -> dict[str, Transformer]:
+    """The loaded model with one EXAONE 4 detail undone each: the norms' places (OLMo 2's controls, its q/k norms
+    whole instead of per head), no q/k norms, RoPE in the NoPE layers, no window."""
+    cfg, state = ours.cfg, ours.state_dict()
+    out = olmo2_controls(ours)
+    del out["per_head"]  # (OLMo 2's span control: here the span is per head; the whole span takes other weights)
+    no_qk = {k: v for k, v in state.items() if "q_norm" not in k and "k_norm" not in k}
+    wrong = {"no_qk_norms": (dataclasses.replace(cfg, qk_norm=False), no_qk)}
+    if cfg.nope_layers:
+        wrong["rope_everywhere"] = (dataclasses.replace(cfg, nope_layers=()), state)
+    if cfg.window:
+        wrong["no_window"] = (dataclasses.replace(cfg, window=0, local_layers=()), state)
+    return out | built(wrong)
+
+
+@pytest.mark.parametrize("case", EXAONE4_CASES)
+def test_exaone4_logits_equal_transformers(case, tmp_path):
+    """EXAONE 4 loads exactly: no norm before the sublayers, each output normed before its add, q and k normed per
+    head before RoPE, SwiGLU, its sliding layers (the pattern, or layer_types where given) over their window and,
+    where a window is set, its global layers without RoPE; uncached, through a cache, and from the hf row's export
+    (transformers' Exaone4ForCausalLM). Controls: each detail undone is visibly wrong."""
+    theirs = exaone4_model(**EXAONE4_CASES[case])
+    theirs.save_pretrained(tmp_path)
+    ours = load(tmp_path)
+    cfg, kinds = ours.cfg, theirs.config.layer_types
+    assert (cfg.pre_norms, cfg.sandwich_norms, cfg.qk_norm, cfg.qk_norm_span, cfg.hd, cfg.local_rope_theta) == (
+        False, True, True, "head", 16, 0.0)
+    windowed = case != "exaone4-no-window"
+    assert cfg.local_layers == tuple(i for i, t in enumerate(kinds) if t == "sliding_attention")
+    assert cfg.nope_layers == (tuple(i for i, t in enumerate(kinds) if t == "full_attention") if windowed else ())
+    assert cfg.window == (16 if windowed else 0) and cfg.tie_embeddings == (case == "exaone4-tied-llama3")
+    assert cfg.nope_layers == {"exaone4": (3,), "exaone4-pattern-3": (2,), "exaone4-tied-llama3": (3,),
+                               "exaone4-layer-types": (2, 4), "exaone4-no-window": ()}[case]
+    x = tokens(100)
+    assert_exact_and_exported(ours, theirs, x, "Exaone4ForCausalLM")
+    controls = exaone4_controls(ours)
+    assert ("rope_everywhere" in controls) == ("no_window" in controls) == windowed
+    for name, wrong in controls.items():
+        assert (logits(wrong, x) - logits(theirs, x)).abs().max() > 1e-2, name
+
+
+def test_an_exaone4_config_without_its_keys_takes_transformers_class_defaults():
+    """EXAONE 4's class defaults: 32 key/value heads, RoPE base 1e4, an untied head, a 2048 context, norm epsilon
+    1e-5, layer i sliding unless (i + 1) % 4 is 0 (its pattern; the last layer slides where the pattern says so,
+    whatever its docstring says) over a window of 4096, the others without RoPE."""
+    raw = {k: v for k, v in SHAPE.items()
+           if k not in ("rope_theta", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps")}
+    raw |= {"num_hidden_layers": 7, "hidden_size": 64, "num_attention_heads": 32}
+    theirs = transformers.Exaone4Config(**raw)
+    cfg = hf_config({**raw, "architectures": ["Exaone4ForCausalLM"]})
+    assert (cfg.n_kv_heads, cfg.tie_embeddings, cfg.max_seq_len, cfg.norm_eps, cfg.window, cfg.rope_theta) == (
+        theirs.num_key_value_heads, theirs.tie_word_embeddings, theirs.max_position_embeddings,
+        theirs.rms_norm_eps, theirs.sliding_window, theirs.rope_parameters["rope_theta"]) == (
+        32, False, 2048, 1e-5, 4096, 1e4)
+    assert cfg.local_layers == tuple(i for i, t in enumerate(theirs.layer_types) if t == "sliding_attention")
+    assert (cfg.local_layers, cfg.nope_layers) == ((0, 1, 2, 4, 5, 6), (3,))
+    assert cfg.hd == 2 and not cfg.local_rope_theta
+
+
+@pytest.mark.parametrize("over,named", [
+    *[(dict(architectures=["Olmo3ForCausalLM"], **{key: value}), key)
+      for key, value in (("attention_bias", True), ("hidden_act", "gelu"))],
+    (dict(architectures=["Olmo3ForCausalLM"], rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+     "rope_parameters"),  # flat: OLMo 3 reads one dict per layer kind
+    (dict(architectures=["Olmo3ForCausalLM"], rope_parameters={"sliding_attention": {
+        "rope_type": "linear", "factor": 2.0}}), "rope_parameters.sliding_attention.rope_type"),
+    (dict(architectures=["Olmo3ForCausalLM"], sliding_window=None), "sliding_window"),  # its class: no sliding mask
+    (dict(architectures=["Olmo3ForCausalLM"], layer_types=["full_attention", "chunked_attention"]), "layer_types"),
+    (dict(architectures=["Exaone4ForCausalLM"], hidden_act="gelu"), "hidden_act"),
+    (dict(architectures=["Exaone4ForCausalLM"], rope_parameters={"full_attention": {"rope_type": "default"}}),
+     "rope_parameters"),
+    # without layer_types its class derives no kinds from these (a pattern of 0, an int % str)
+    (dict(architectures=["Exaone4ForCausalLM"], sliding_window=None), "sliding_window"),
+    (dict(architectures=["Exaone4ForCausalLM"], sliding_window_pattern="LLLG"), "sliding_window_pattern"),
+    (dict(architectures=["Exaone4ForCausalLM"], sliding_window=None, layer_types=["full_attention",
+                                                                                  "sliding_attention"]),
+     "sliding_window"),  # a sliding layer without a window: transformers fails to build its mask
+])
+def test_an_olmo3_or_exaone4_key_specgen_does_not_implement_is_one_line(over, named):
+    """The keys OLMo 3's and EXAONE 4's classes read that specgen does not implement, and the configs their classes
+    cannot build, are refused with one line naming the key (EXAONE 4's config class fails on a null window or a
+    pattern string without layer_types: checked)."""
+    with pytest.raises(UsageError) as err:
+        hf_config(raw_llama(**over))
+    assert named in str(err.value) and "\n" not in str(err.value)
+    if over["architectures"] == ["Exaone4ForCausalLM"] and named.startswith("sliding") and "layer_types" not in over:
+        with pytest.raises((ZeroDivisionError, TypeError)):
+            transformers.Exaone4Config(**{k: v for k, v in over.items() if k != "architectures"})
+
+
+@pytest.mark.parametrize("over,says", [
+    (dict(ffn_act="gelu_tanh"), "as EXAONE 4"), (dict(embed_scale=2.0), "as EXAONE 4"),
+    (dict(nope_layers=(0,)), "as EXAONE 4"),  # NoPE without a window: its class turns every layer then
+    (dict(nope_layers=(1,), local_layers=(1,), window=4), "as EXAONE 4"),  # a sliding NoPE layer
+    (dict(local_layers=(0,), local_rope_theta=1e4), "as EXAONE 4"),  # one base only
+])
+def test_a_block_that_exaone4_cannot_express_is_not_exported(over, says):
+    """to_hf builds Exaone4ForCausalLM for a block without pre-norms whose q/k norms are per head only with the rest
+    of EXAONE 4's block: one RoPE base, and either no NoPE layer or exactly the layers that do not slide."""
+    from tests.conftest import OLMO2 as TINY_OLMO2, tiny_model
+
+    with pytest.raises(ValueError, match=says):
+        to_hf(tiny_model(0, **{**TINY_OLMO2, "qk_norm_span": "head", **over}))
 
 
 # Granite over 3 layers, SHAPE's grouped heads, its four multipliers far from 1 (each undone shows: granite_controls)
