@@ -13,8 +13,8 @@ from specgen.errors import IncompatibleError, UsageError
 from specgen.eval.peers import OneAtATime, PeerSetup
 from specgen.eval.text_rows import Run
 
-INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repacked AMX/AVX512 path crashes, build with "
-           "CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set options.llamacpp.repack=false; docs/precision.md")
+INSTALL = ("pip install llama-cpp-python: it compiles llama.cpp; where its repacked AMX/AVX512 path crashes, build "
+           "with CMAKE_ARGS=\"-DGGML_CPU_REPACK=OFF\" or set options.llamacpp.repack=false; docs/precision.md")
 
 
 class LlamaCppRow(OneAtATime):

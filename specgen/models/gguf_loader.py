@@ -106,7 +106,8 @@ def gemma3_fields(reader, source: str, dim: int, n_layers: int) -> dict:
         raise UsageError(f"GGUF file {source} sets gemma3.{key}, which llama.cpp's gemma3 loader fixes "
                          f"({GEMMA3_LOCAL_THETA:g} and every {GEMMA3_STEP}th layer global): import the HF folder")
     return {"ffn_act": "gelu_tanh", "sandwich_norms": True, "embed_scale": dim**0.5,
-            "local_layers": tuple(i for i, slides in enumerate(local) if slides), "local_rope_theta": GEMMA3_LOCAL_THETA}
+            "local_layers": tuple(i for i, slides in enumerate(local) if slides),
+            "local_rope_theta": GEMMA3_LOCAL_THETA}
 
 
 def llama_cpp_q_scale(cfg: TransformerConfig, layers_27b: int, suffix: str

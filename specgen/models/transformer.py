@@ -68,7 +68,8 @@ class TransformerConfig:
     shared_expert_dim: int = 0  # > 0: Qwen2-MoE's shared expert, a SwiGLU of this width on every row (models/moe.py)
 
     def __post_init__(self) -> None:
-        flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool), None)
+        flag = next((f.name for f in fields(self) if f.type == "bool" and type(getattr(self, f.name)) is not bool),
+                    None)
         if flag is not None:  # a hand-edited entry's "yes" would read as true
             raise ValueError(f"{flag} {getattr(self, flag)!r} is not true or false")
         if self.num_classes and self.caption_dim:
