@@ -58,11 +58,14 @@ def float_path(plans: str = "") -> dict:
         return {"path": f"MKL, {name} layout", "why": why}
     tiled = native.library("tiled") is not None
     kernels = "MKL, oneDNN" + (", native tiled" if tiled else "")
-    why = ("the fastest kernel for each row count, measured once per machine, thread count and weight shapes at a "
-           "model's first load (kept in the kernel plan cache)")
+    why = ("decode steps: tiled.c at every row count, so a row's bits do not depend on its verify width; prompt "
+           "prefills: the fastest kernel for each row count, measured once per machine, thread count and weight shapes "
+           "at a model's first load (kept in the kernel plan cache)")
     if not tiled:
-        why += "; native tiled not built: a plan's native rows run MKL, or oneDNN from its oneDNN rows"
-    return {"path": f"packed layout, {plans}" if plans else f"packed layout, {kernels} by row count", "why": why}
+        why = "native tiled not built: every product on MKL, or oneDNN from the plan's oneDNN rows (rows not invariant)"
+    steps = "steps native tiled, " if tiled else ""
+    prefill = f"prefill {plans}" if plans else f"prefill {kernels} by row count"
+    return {"path": f"packed layout, {steps}{prefill}", "why": why}
 
 
 def quantized_path(mode: str) -> dict:
@@ -150,4 +153,4 @@ def label(facts: dict, device: str | None = None) -> str:
     steps = facts["kernels"]["step_kernels"]["path"]
     if kernel_choice.CAPPED_CHUNKED[0]:  # a Gemma 2 ran here: its capped scores take no attention.c (no cap there)
         steps += ", softcapped attention torch chunked"
-    return f"{host}, {name} layout" + (f", {plans}" if plans else "") + f", step kernels {steps}"
+    return f"{host}, {name} layout" + (f", prefill {plans}" if plans else "") + f", step kernels {steps}"

@@ -20,6 +20,9 @@ from specgen.native import cuda_ops, ops
 ENV = "SPECGEN_PACKED_MIN_ROWS"
 #: Activation dtypes whose cached CPU forwards run the native kernels (attention and the norms around it).
 NATIVE_DTYPES = (torch.bfloat16, torch.float32)
+#: Weight dtypes whose CPU decode products run tiled.c at every row count (`step_products`; bfloat16 over float32
+#: tiles, each product exact in float32, the sum rounded once to bfloat16).
+STEP_DTYPES = (torch.float32, torch.bfloat16)
 #: Activation dtypes whose cached CUDA forwards attend over the same lists (native/cuda_ops.py).
 CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Weight dtypes whose GPU products run as GEMMs of one row count (SlicedLinear): the library picks a GEMM's kernel,
@@ -38,8 +41,9 @@ CAPPED_CHUNKED = [False]  # whether this process attended a softcapped model chu
 
 @dataclass(frozen=True)
 class Plan:
-    """The kernel of an r-row product: native for `native` = (lo, hi) with lo <= r <= hi (hi None: no bound), else
-    oneDNN from `min_rows` rows, else MKL."""
+    """The kernel of an r-row prompt prefill's product (a decode step's is tiled.c at every count: `step_products`):
+    native for `native` = (lo, hi) with lo <= r <= hi (hi None: no bound), else oneDNN from `min_rows` rows, else
+    MKL."""
 
     min_rows: int
     native: tuple[int, int | None] | None = None
@@ -181,6 +185,16 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return inference_on_cpu((torch.float32,), x, weight) and native.library("tiled") is not None
 
 
+def step_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a product is a decode step's that runs tiled.c whatever its row count: float32 or bfloat16 on the CPU,
+    grad mode off, outside a prompt prefill, tiled.c built. The invariant: a row's bits never depend on how many rows
+    share the product, so a verify scores each token as its AR step did. MKL's and oneDNN's products give a row other
+    bits at other row counts (a bfloat16 SmolLM2's w2 from 3 rows: n-gram's greedy text then left AR's on 14 of 20
+    HumanEval prompts), and a plan that switches kernels by row count does too (docs/precision.md)."""
+    return (not prompt.active() and inference_on_cpu(STEP_DTYPES, x, weight)
+            and native.library("tiled") is not None)
+
+
 def sliced_products(weight: torch.Tensor) -> bool:
     """Whether a Linear's products run as GEMMs of one fixed row count (`models/sliced_linear.py`): float weights off
     the CPU, where the GPU library picks a GEMM's reduction order by its shape."""
@@ -251,7 +265,7 @@ def stored_or_measured(linears: list, signature: tuple, threads: int) -> Plan:
 class KernelChoice:
     """Shared by one model's PackedLinears: the kernel plan at the current thread count."""
 
-    def __init__(self, linears: list, fixed: int | None = None) -> None:
+    def __init__(self, linears: list, fixed: Plan | None = None) -> None:
         self.fixed = fixed
         linears = distinct(linears)
         self._linears = [weakref.ref(lin) for lin in linears]  # weak: a copied layer must not drag the model along
@@ -276,7 +290,7 @@ class KernelChoice:
     def plan(self) -> Plan:
         """Pinned, else measured once per thread count (and shared by models with the same weight shapes)."""
         if self.fixed is not None:
-            return Plan(self.fixed)
+            return self.fixed
         threads = torch.get_num_threads()
         if threads != self._threads:
             self._plan, self._threads = self._measure(threads), threads
@@ -291,9 +305,8 @@ class KernelChoice:
                 return Plan(FALLBACK_MIN_ROWS)
             _MEASURED[key] = stored_or_measured(linears, self.signature, threads)
         plan = _MEASURED[key]
-        for lin in linears:  # the copies this plan never reads (remade on use should another thread count need them)
-            lin._tiled = None if plan.native is None else lin._tiled
-            lin._packed = lin._packed if plan.uses_onednn else None
+        for lin in linears:  # the copy this plan never reads (remade on use should another thread count need it); the
+            lin._packed = lin._packed if plan.uses_onednn else None  # tiles stay: every decode step reads them
         return plan
 
     def __deepcopy__(self, memo: dict) -> KernelChoice:

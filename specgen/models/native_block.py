@@ -27,12 +27,10 @@ class Products:
 
 
 def tiled_ready(lins: tuple, rows: int) -> bool:
-    """float32 PackedLinears on one plan that names tiled.c at this row count (MKL and oneDNN run through the
-    modules); one of another class (a plain nn.Linear, a LoRA wrapper) keeps the module path."""
-    first = lins[0]
-    return (all(type(lin) is PackedLinear and lin._choice is first._choice
-                and lin._parameters["weight"].dtype == torch.float32 for lin in lins)
-            and first._choice.plan().kernel(rows) == "native")
+    """float32 PackedLinears, whose decode products run tiled.c at every row count (`kernel_choice.step_products`);
+    one of another class (a plain nn.Linear, a LoRA wrapper) keeps the module path."""
+    return native.library("tiled") is not None and all(
+        type(lin) is PackedLinear and lin._parameters["weight"].dtype == torch.float32 for lin in lins)
 
 
 def tiled_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:

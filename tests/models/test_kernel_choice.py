@@ -17,6 +17,7 @@ from specgen.errors import UsageError
 from specgen.models import kernel_choice, plan_cache
 from specgen.models.kernel_choice import ENV, Plan, Timing, time_passes
 from specgen.models.packed_linear import PackedLinear, pack_linears
+from specgen.models.prompt import prompt_mode
 from tests.conftest import needs_native, needs_onednn, tiny_model
 
 
@@ -88,20 +89,20 @@ def test_products_follow_a_plan_with_the_native_loop_and_drop_unread_copies(monk
     ref = nn.Linear(16, 8)
     lin = pack_linears(copy.deepcopy(ref))
     x = torch.randn(3, 16)
-    with torch.inference_mode():
+    with torch.inference_mode(), prompt_mode():  # a prefill's products: the plan's
         assert lin._choice.plan() == Plan(3, (1, 2))
         torch.testing.assert_close(lin(x[:2]), ref(x[:2]))
         assert lin._tiled is not None and lin._packed is None  # 1-2 rows: native
         torch.testing.assert_close(lin(x), ref(x))
         assert lin._packed is not None  # 3 rows: oneDNN
-        half = copy.deepcopy(lin).to(torch.bfloat16)  # a bfloat16 copy shares the plan, not the native loop
+        half = copy.deepcopy(lin).to(torch.bfloat16)  # a bfloat16 copy shares the plan
         torch.testing.assert_close(half(x[:1].bfloat16()), copy.deepcopy(ref).to(torch.bfloat16)(x[:1].bfloat16()))
     everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
     measured_as(monkeypatch, lambda *a, **k: everywhere)
     plan_cache.path().unlink()  # another machine's measurement, not the stored one
     lin = pack_linears(copy.deepcopy(ref))
     lin._packed = ("stale", None)
-    with torch.inference_mode():
+    with torch.inference_mode(), prompt_mode():  # a prefill's products: the plan's
         torch.testing.assert_close(lin(x), ref(x))
     assert lin._choice.plan() == Plan(2, (1, None)) and lin._packed is None  # oneDNN never read: its copy is gone
 
@@ -135,7 +136,7 @@ def test_products_follow_the_measured_crossover(monkeypatch):
     torch.manual_seed(0)
     ref = nn.Linear(16, 8)
     lin = pack_linears(copy.deepcopy(ref))
-    with torch.inference_mode():
+    with torch.inference_mode(), prompt_mode():  # a prefill's products: the plan's
         assert torch.equal(lin(torch.ones(1, 16)), ref(torch.ones(1, 16))) and lin._packed is None  # 1 row: MKL
         torch.testing.assert_close(lin(torch.ones(2, 16)), ref(torch.ones(2, 16)))
         assert lin._packed is not None  # 2 rows: oneDNN

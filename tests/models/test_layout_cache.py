@@ -119,6 +119,8 @@ def test_each_plan_keeps_its_own_file(entry, copies, monkeypatch):
     assert len(cache_files()) == 2
     copies.clear()
     assert torch.equal(logits(load(entry)), pinned)
+    assert set(copies) <= {"fill_tiles"}  # read from its file; a decode step's tiles beside oneDNN's made on use
+    copies.clear()
     monkeypatch.delenv(kernel_choice.ENV)
     assert torch.equal(logits(load(entry)), measured) and copies == []
 

@@ -110,8 +110,12 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
 
 
-def test_the_native_block_only_where_every_product_is_on_the_tiled_loop(monkeypatch):
-    """A plan that sends products to MKL or oneDNN keeps the module path (which picks those kernels per product)."""
+def test_the_native_block_runs_decode_steps_whatever_the_prefill_plan(monkeypatch):
+    """A plan that sends a prefill's products to MKL or oneDNN still leaves every decode step's to the tiled loop
+    (`kernel_choice.step_products`), so the native block runs them; a plain nn.Linear keeps the module path."""
+    _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
+    assert taken > 0
+    monkeypatch.setattr(native_block, "KINDS", {})  # control: no product kind the block knows
     _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
     assert taken == 0
 

@@ -14,7 +14,8 @@ from specgen.errors import UsageError
 from specgen.models import kernel_choice, packed_linear
 from specgen.models.layout import ENV, decode_layout, layout_name
 from specgen.models.packed_linear import PackedLinear, pack_linears
-from tests.conftest import needs_onednn, tiny_model
+from specgen.models.prompt import prompt_mode
+from tests.conftest import needs_native, needs_onednn, tiny_model
 
 
 def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3) -> tuple[nn.Linear, PackedLinear]:
@@ -31,7 +32,7 @@ def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3
 def test_every_row_count_matches_nn_linear(bias):
     ref, lin = packed(bias=bias)
     assert isinstance(lin, PackedLinear) and lin._choice.plan().min_rows == 3
-    with torch.inference_mode():
+    with torch.inference_mode(), prompt_mode():  # a prefill's products: the plan's kernels
         for rows in range(1, 7):
             x = torch.randn(rows, 24)
             y = lin(x)
@@ -108,13 +109,15 @@ def test_a_cpu_whose_onednn_refuses_bfloat16_runs_it_unpacked(monkeypatch):
     ref, lin = packed()
     bf = copy.deepcopy(lin).to(torch.bfloat16)  # packed as float32, then turned bfloat16
     x = torch.randn(5, 24)
-    with torch.inference_mode():
+    with torch.inference_mode(), prompt_mode():
         torch.testing.assert_close(bf(x.bfloat16()), F.linear(x.bfloat16(), bf.weight, bf.bias))
         assert bf._packed is None
         lin(x)
         assert lin._packed is not None  # float32 still on oneDNN from min_rows
-    model = pack_linears(tiny_model(1).to(torch.bfloat16))
-    assert not any(type(m) is PackedLinear for m in model.modules())
+    model = pack_linears(tiny_model(1).to(torch.bfloat16))  # PackedLinears for their decode steps (tiled.c)
+    with torch.inference_mode(), prompt_mode():
+        model(torch.zeros(1, 5, dtype=torch.long), torch.arange(5)[None])
+    assert all(m._packed is None for m in model.modules() if type(m) is PackedLinear)
     monkeypatch.setattr("specgen.devices.onednn_packs", lambda dtype: dtype == torch.float32)
 
 
@@ -152,14 +155,23 @@ def test_decoding_on_packed_weights_stays_lossless(min_rows, monkeypatch):
 
 
 @needs_onednn
-def test_a_model_too_large_to_copy_is_not_packed(monkeypatch):
+@needs_native
+def test_a_model_too_large_to_copy_gets_no_copies(monkeypatch):
+    """Above MAX_MEMORY_SHARE a float32 model is held as tiles only (every product on tiled.c: its decode steps stay
+    row-invariant, and no second copy is made); a bfloat16 one stays as it is (its tiles would be float32 copies)."""
+    from specgen.models.tiled_weight import TiledWeight
+
     model = tiny_model(3)
     size = sum(w.numel() * 4 for w in {id(m.weight): m.weight for m in model.modules() if isinstance(m, nn.Linear)}
                .values())  # float32 Linear weights, a tied one once
     # weights + two copies would pass half of RAM (weights > 1/6 of it)
     monkeypatch.setattr(packed_linear, "available_memory", lambda: size * 5)
-    pack_linears(model)
-    assert not any(type(m) is PackedLinear for m in model.modules())
+    large = decode_layout(copy.deepcopy(model), "packed")
+    assert all(type(m) is PackedLinear and type(m.weight) is TiledWeight
+               for m in large.modules() if isinstance(m, nn.Linear))
+    monkeypatch.setattr(packed_linear, "available_memory", lambda: size * 2)  # bfloat16: half the bytes
+    bf = pack_linears(copy.deepcopy(model).to(torch.bfloat16))
+    assert not any(type(m) is PackedLinear for m in bf.modules())
     monkeypatch.setattr(packed_linear, "available_memory", lambda: size * 7)
     pack_linears(model)
     assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, nn.Linear))

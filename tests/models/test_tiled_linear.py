@@ -5,14 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specgen import native
 from specgen.decoding.target import ModelTarget
-from specgen.models import kernel_choice, plan_cache
+from specgen.devices import onednn_packs
+from specgen.models import kernel_choice, packed_linear, plan_cache
 from specgen.models.kernel_choice import Timing
 from specgen.models.layout import decode_layout
+from specgen.models.packed_linear import pack_linears
 from specgen.native import ops
-from tests.conftest import needs_native, needs_tiled, tiny_model
+from tests.conftest import needs_native, needs_onednn, needs_tiled, tiny_model
 
 pytestmark = needs_tiled
 
@@ -122,14 +125,14 @@ def test_usable_only_for_float32_cpu_without_grad():
     assert not kernel_choice.tiled_products(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
 
 
-def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_vs_steps(monkeypatch, timing, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [5, V] of 5 tokens scored in one verify forward and in 5 one-token AR steps, after a 4-token prompt,
-    on a tiny float32 model whose kernel plan comes from `timing`."""
+    on a tiny model in `dtype` whose kernel plan comes from `timing`."""
     monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
     monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     plan_cache.path().unlink(missing_ok=True)  # `timing` is this call's measurement, not a stored one
     monkeypatch.delenv(kernel_choice.ENV, raising=False)
-    target = ModelTarget(decode_layout(tiny_model(0), "packed"))
+    target = ModelTarget(decode_layout(tiny_model(0).to(dtype), "packed"))
     prompt, tokens = torch.tensor([[3, 1, 4, 1]]), torch.tensor([[5, 9, 2, 6, 5]])
     caches = [target.model.new_cache(1, 32) for _ in range(2)]
     for cache in caches:
@@ -144,14 +147,46 @@ def verify_vs_steps(monkeypatch, timing) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @needs_native  # the attention's invariance too
-def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch):
-    """With every product on the tiled loop (and attention and norms native), a float32 verify forward gives each
-    token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more, it need not."""
-    steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dtype):
+    """Decode steps run every product on the tiled loop whatever the plan (and attention and norms native): a verify
+    forward gives each token the logits of its own AR step, bit for bit; with the plan's MKL for one row and oneDNN
+    for more (what decode steps ran before), it need not."""
+    mixed = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL | oneDNN
+    steps, verify = verify_vs_steps(monkeypatch, mixed, dtype)
     assert torch.equal(steps, verify)
-    steps, verify = verify_vs_steps(monkeypatch, Timing((1, 2), (1.0, 2.0), (2.0, 1.0)))  # control: MKL | oneDNN
+    monkeypatch.setattr(packed_linear, "step_products", lambda x, w: False)  # control: the plan in decode too
+    steps, verify = verify_vs_steps(monkeypatch, mixed)
     torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
     assert not torch.equal(steps, verify)  # the test above can fail
+
+
+@needs_onednn
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_bfloat16_step_product_gives_each_row_its_bits_alone(threads):
+    """A bfloat16 decode product runs tiled.c over float32 tiles: each row of an r-row product is the row alone, the
+    float32 sum rounded once. Control: oneDNN's bfloat16 product of SmolLM2's w2 shape (1536 -> 576), the one that made
+    n-gram leave AR's text on a bfloat16 SmolLM2, gives some row other bits at some row count."""
+    torch.manual_seed(0)
+    lin = pack_linears(nn.Linear(1536, 576, bias=False).to(torch.bfloat16))
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(576, 1536))
+    x = torch.randn(32, 1536).bfloat16()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            alone = torch.cat([lin(x[i:i + 1]) for i in range(32)])
+            assert all(torch.equal(lin(x[:r]), alone[:r]) for r in (2, 3, 5, 8, 16, 32))
+            want = (x.float() @ lin.weight.float().t()).bfloat16()
+            torch.testing.assert_close(alone, want, rtol=1e-2, atol=1e-2)
+            packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight, 16)
+            dnn = lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")  # noqa: E731
+            dnn_alone = torch.cat([dnn(x[i:i + 1]) for i in range(32)])
+            if onednn_packs(torch.bfloat16):  # the control where this CPU's oneDNN runs bfloat16
+                assert not all(torch.equal(dnn(x[:r]), dnn_alone[:r]) for r in (8, 16, 32))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_fake_product_goes_through_torch_ops():
