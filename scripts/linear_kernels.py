@@ -14,7 +14,8 @@ does not depend on the values). Kernels, each interleaved per round, best of `--
     int8 x f32            the same op with float32 activations and scales
     int4 g32/g64          torch.ops.aten._weight_int4pack_mm_for_cpu, group-wise int4 weights, bfloat16 activations
 
-Run: `python scripts/linear_kernels.py > docs/logs/linear-kernels.log` (add `--rounds 5` on a quiet machine).
+Run: `python scripts/linear_kernels.py > docs/logs/linear-kernels.log` (add `--rounds 5` on a quiet machine; prefill
+sizes: `--rows 1,4,16,64,256,512 --only f32`).
 """
 
 from __future__ import annotations
@@ -100,30 +101,33 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts, comma-separated")
+    ap.add_argument("--only", default="", help="the kernels whose names start with this (e.g. f32)")
     args = ap.parse_args()
+    rows = tuple(int(r) for r in args.rows.split(","))
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {platform.processor() or platform.machine()}, {args.threads} thread(s), "
           f"{args.layers} blocks + LM head, best of {args.rounds} rounds; ms per pass over all linear weights")
-    ks = kernels(args.layers)
+    ks = {k: fs for k, fs in kernels(args.layers).items() if k.startswith(args.only)}
     dtypes = (("f32", torch.float32), ("bf16", torch.bfloat16))
     xs = {r: {d: {k: torch.randn(r, k).to(t) for k in (DIM, FFN)} for d, t in dtypes}
-          for r in ROWS}  # contiguous [r, in] inputs per input width
-    best = {(k, r): float("inf") for k in ks for r in ROWS}
+          for r in rows}  # contiguous [r, in] inputs per input width
+    best = {(k, r): float("inf") for k in ks for r in rows}
     for k, fs in ks.items():  # warm-up (first touch, oneDNN primitive creation)
-        for r in ROWS:
+        for r in rows:
             one_pass(fs, xs[r])
     for _ in range(args.rounds):
-        for r in ROWS:
+        for r in rows:
             for k, fs in ks.items():
                 best[(k, r)] = min(best[(k, r)], one_pass(fs, xs[r]))
-    print("| kernel | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS) + " |")
-    print("|---|" + "---:|" * len(ROWS))
+    print("| kernel | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in rows) + " |")
+    print("|---|" + "---:|" * len(rows))
     for k in ks:
-        print(f"| {k} | " + " | ".join(f"{best[(k, r)]:.1f}" for r in ROWS) + " |")
+        print(f"| {k} | " + " | ".join(f"{best[(k, r)]:.1f}" for r in rows) + " |")
     head = {k: fs[-1] for k, fs in ks.items()}  # the LM head alone (a fifth of the weights)
     print("\n# LM head 576 -> 49152 alone, ms")
     for k, f in head.items():
-        print(f"| {k} | " + " | ".join(f"{min(one_pass([f], xs[r]) for _ in range(args.rounds)):.2f}" for r in ROWS)
+        print(f"| {k} | " + " | ".join(f"{min(one_pass([f], xs[r]) for _ in range(args.rounds)):.2f}" for r in rows)
               + " |")
 
 

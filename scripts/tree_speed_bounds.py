@@ -25,7 +25,6 @@ import torch
 
 import specgen.generate.image as gen
 from specgen.image.target import CFGTarget
-from specgen.models import kernel_choice
 from specgen.models.rope import rows_rotation
 from specgen.models.transformer import Block
 from specgen.request import parse_request
@@ -103,7 +102,7 @@ def main() -> None:
                 rec.restore()
     ar_step = min(s for s, _ in runs["ar"]) / tokens  # one token per AR step
     print(f"# tiny-image-gpt ({layers} layers, dim {target.cfg.dim}), {IMAGES} images, T = 0, CFG 4, 1 thread, "
-          f"plan: {kernel_choice.describe()}; AR step {1e3 * ar_step:.3f} ms (best of {ROUNDS} interleaved rounds)")
+          f"AR step {1e3 * ar_step:.3f} ms (best of {ROUNDS} interleaved rounds)")
     print("| method | tau | verify ms a step (V) | its block work | drafter block work ms a step (D) | drafter rows a "
           "call | row-layer share | share floor D / (D + V) | speedup ceiling tau A / (V + D) | measured vs AR |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -12,7 +12,7 @@ from specgen import native, registry
 from specgen.decoding import cost
 from specgen.devices import is_cpu, onednn_packs
 from specgen.limits import usable_cpus
-from specgen.models import kernel_choice, layout, layout_cache, plan_cache, quantize
+from specgen.models import kernel_choice, layout, layout_cache, quantize
 from specgen.native import cuda_ops
 
 #: CPU flags that change a kernel's path or speed (x86 /proc/cpuinfo names; ARM's `Features` are kept as they come).
@@ -50,22 +50,16 @@ def devices() -> list[dict]:
     return [cpu, *gpus]
 
 
-def float_path(plans: str = "") -> dict:
-    """float32 products on the CPU: the weight layout and, packed, which kernel each row count takes (`plans`)."""
+def float_path() -> dict:
+    """float32 and bfloat16 products on the CPU: the weight layout and its kernels."""
     name = layout.layout_name()
     if name != "packed":
         why = f"{layout.ENV}={name}" if os.environ.get(layout.ENV) else "this torch build has no oneDNN"
         return {"path": f"MKL, {name} layout", "why": why}
-    tiled = native.library("tiled") is not None
-    kernels = "MKL, oneDNN" + (", native tiled" if tiled else "")
-    why = ("decode steps: tiled.c at every row count, so a row's bits do not depend on its verify width; prompt "
-           "prefills: the fastest kernel for each row count, measured once per machine, thread count and weight shapes "
-           "at a model's first load (kept in the kernel plan cache)")
-    if not tiled:
-        why = "native tiled not built: every product on MKL, or oneDNN from the plan's oneDNN rows (rows not invariant)"
-    steps = "steps native tiled, " if tiled else ""
-    prefill = f"prefill {plans}" if plans else f"prefill {kernels} by row count"
-    return {"path": f"packed layout, {steps}{prefill}", "why": why}
+    if native.library("tiled") is None:
+        return {"path": "packed layout, oneDNN", "why": "native tiled not built: a row's bits depend on its batch"}
+    return {"path": "packed layout, native tiled (bfloat16 prompts: oneDNN)",
+            "why": "one kernel at every row count, so a row's bits do not depend on its verify width"}
 
 
 def quantized_path(mode: str) -> dict:
@@ -101,22 +95,14 @@ def kernel_paths(device: str | None = None) -> dict[str, dict]:
     why = ("SPECGEN_NATIVE=0" if os.environ.get("SPECGEN_NATIVE", "1") == "0" else "no C compiler"
            if native.compiler()[0] is None else "built at pip install, else once per machine into the native cache")
     why += "" if native.sixteen_lanes() else "; no 16-lane vectors (AVX-512F or AVX2 + FMA): no attention.c"
-    threads = torch.get_num_threads()
-    prefix = f"{plan_cache.machine()}|{threads}|"  # plans stored for this CPU, torch and threads
-    stored = (plan_cache.load(k) for k in plan_cache.read() if k.startswith(prefix))
-    plans = sorted({kernel_choice.Plan(*p).describe() for p in stored if p is not None})
-    floats = float_path(kernel_choice.describe())  # the pinned plan (or this process's): every family's alike
+    floats = float_path()
     return {"text float32": floats, "text int8": quantized_path("int8"), "text int4": quantized_path("int4"),
-            "image": floats, "mesh": floats, "step_kernels": {"path": steps, "why": why},
-            # keyed by weight shapes alone: a text model's, an image GPT's, a drafter's or a mesh backbone's
-            "float32 plans": {"path": " / ".join(plans) or "none measured yet",
-                              "why": f"stored at {threads} threads, one per model (text, image or mesh) measured here; "
-                                     "a benchmark's machine column names those of the models it ran"}}
+            "image": floats, "mesh": floats, "step_kernels": {"path": steps, "why": why}}
 
 
 def caches() -> dict[str, dict]:
     """Where specgen keeps files, with their sizes."""
-    places = {"home": registry.home(), "registry": registry.checkpoints_dir(), "kernel_plans": plan_cache.path(),
+    places = {"home": registry.home(), "registry": registry.checkpoints_dir(),
               "cost_curves": cost.path(), "decoded_weights": layout_cache.folder(), "native_cache": native.cache_dir()}
     return {k: {"path": str(p), "exists": p.exists(),  # bytes: under a file or a folder (0 when absent)
                 "bytes": sum(f.stat().st_size for f in [p, *p.rglob("*")] if f.is_file() and not f.is_symlink())}
@@ -149,8 +135,7 @@ def label(facts: dict, device: str | None = None) -> str:
         gpu = f"{torch.cuda.get_device_name(device)}, torch {facts['torch']}, CUDA {facts['cuda']}"
         return f"{gpu}, {steps}; host {host}"
     name = layout.layout_name()
-    plans = kernel_choice.describe() if name == "packed" else ""  # the plans of the models this process loaded
     steps = facts["kernels"]["step_kernels"]["path"]
     if kernel_choice.CAPPED_CHUNKED[0]:  # a Gemma 2 ran here: its capped scores take no attention.c (no cap there)
         steps += ", softcapped attention torch chunked"
-    return f"{host}, {name} layout" + (f", prefill {plans}" if plans else "") + f", step kernels {steps}"
+    return f"{host}, {name} layout, step kernels {steps}"

@@ -69,7 +69,7 @@ def specgen_home(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def measured_as_quiet(monkeypatch):
-    """Plans and cost curves are stored whatever else the machine runs (the suite's workers share its cores): only the
+    """Cost curves are stored whatever else the machine runs (the suite's workers share its cores): only the
     tests of that judgement (`plan_cache.timed_quietly`) set the share a stored measurement needs."""
     monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)
 

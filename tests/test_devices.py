@@ -123,16 +123,15 @@ def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
     assert all(r.stats.extras["latency_s"] > 0 for r in res.results)
 
 
-# ---- the packed CPU layout and its kernel measurement stay on the CPU ----------------------------------------------
+# ---- the packed CPU layout stays on the CPU ------------------------------------------------------------------------
 def tiny_linears(device="cpu") -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8)).to(device)
 
 
 def test_layout_is_not_applied_off_the_cpu(monkeypatch):
-    from specgen.models import kernel_choice, layout, packed_linear
+    from specgen.models import layout, packed_linear
     from specgen.models.sliced_linear import SlicedLinear
 
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: pytest.fail("measured off the CPU"))
     m = tiny_linears("meta")  # a non-cpu device type (no memory, no kernels)
     strides = [lin.weight.stride() for lin in m]
     for name in layout.LAYOUTS:
@@ -143,23 +142,20 @@ def test_layout_is_not_applied_off_the_cpu(monkeypatch):
     assert all(type(lin) is SlicedLinear for lin in m)
 
 
-def test_packed_linear_moved_off_the_cpu_neither_measures_nor_packs(monkeypatch):
-    """A model packed on the CPU and then moved (e.g. .to("cuda")) runs F.linear; `min_rows` is never read there."""
-    from specgen.models import kernel_choice, packed_linear
+def test_packed_linear_moved_off_the_cpu_neither_tiles_nor_packs(monkeypatch):
+    """A model packed on the CPU and then moved (e.g. .to("cuda")) runs F.linear: no CPU copy is made there."""
+    from specgen.models import packed_linear
 
     m = packed_linear.pack_linears(tiny_linears())
     if not packed_linear.available():
         pytest.skip("this torch build has no oneDNN")
     assert all(isinstance(lin, packed_linear.PackedLinear) for lin in m)
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: pytest.fail("measured off the CPU"))
     monkeypatch.setattr(packed_linear.PackedLinear, "packed_weight", lambda self: pytest.fail("packed off the CPU"))
+    monkeypatch.setattr(packed_linear.PackedLinear, "tiled_weight", lambda self: pytest.fail("tiled off the CPU"))
     m.to("meta")
     with torch.inference_mode():
         y = m(torch.empty(8, 16, device="meta"))
     assert y.shape == (8, 8) and y.device.type == "meta"
-    choice = m[0]._choice
-    # a direct read does not time GPU weights either
-    assert choice._measure(1) == kernel_choice.Plan(kernel_choice.FALLBACK_MIN_ROWS)
 
 
 def test_float16_weights_are_not_packed():

@@ -18,7 +18,6 @@ from specgen import native, registry
 from specgen.devices import is_cpu, module_device, now
 from specgen.models import plan_cache, quantize
 from specgen.models.layout import layout_name
-from specgen.models.layout_cache import plan_of
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -161,14 +160,13 @@ def path() -> Path:
 def key(timed: Timed) -> str | None:
     """machine (CPU model and flags, torch) | threads | a digest of what else a forward's time depends on: what is
     timed (`Timed.describe`: the model's config, a condition's shape), the model's layers (quantization mode and group)
-    and tensors' shapes and dtypes, its weight layout and kernel plan, and which native kernels run, by their sources
-    (a changed kernel measures again). None: not stored (a GPU, or a plan still to be measured)."""
+    and tensors' shapes and dtypes, its weight layout, and which native kernels run, by their sources (a changed
+    kernel measures again). None: not stored (a GPU)."""
     module = timed.module
-    plan = plan_of(module)
-    if plan is None or not is_cpu(module_device(module)):
+    if not is_cpu(module_device(module)):
         return None
     tensors = [(n, list(t.shape), str(t.dtype)) for n, t in module.state_dict(keep_vars=True).items()]
-    model = json.dumps([timed.describe(), repr(module), tensors, layout_name(), plan, quantize.VERSION, ROWS, PREFIX])
+    model = json.dumps([timed.describe(), repr(module), tensors, layout_name(), quantize.VERSION, ROWS, PREFIX])
     kernels = [native.describe()] + [native.key(name, native.FLAGS) for name in native.SIGNATURES]  # their sources
     digest = hashlib.sha256("\0".join([model, *kernels]).encode()).hexdigest()[:16]
     return f"{plan_cache.machine()}|{torch.get_num_threads()}|{digest}"

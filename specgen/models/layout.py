@@ -17,8 +17,8 @@ ENV = "SPECGEN_WEIGHT_LAYOUT"
 
 
 def layout_name() -> str:
-    """`SPECGEN_WEIGHT_LAYOUT`: packed (PackedLinears on the measured plan; the default where torch has oneDNN's
-    packed linear), col (column-major, every product MKL; the default elsewhere) or row (PyTorch's)."""
+    """`SPECGEN_WEIGHT_LAYOUT`: packed (PackedLinears: tiled.c, oneDNN for a bfloat16 prompt; the default where torch
+    has oneDNN's packed linear), col (column-major, every product MKL; the default elsewhere) or row (PyTorch's)."""
     name = os.environ.get(ENV, "").strip().lower() or ("packed" if packed_linear.available() else "col")
     if name not in LAYOUTS:
         raise UsageError(f"{ENV}={name!r}; choose from {', '.join(LAYOUTS)}")
@@ -31,8 +31,8 @@ def layout_name() -> str:
 def decode_layout(module: nn.Module, layout: str | None = None, loaded: bool = True) -> nn.Module:
     """Re-store every CPU Linear weight of `module` column-major (in place; ties stay ties) and, for the `packed`
     layout, make each a PackedLinear; returns the module. Not `loaded` (built, before its load): the weights are made
-    empty in their decode form, tiles where the plan is known without timing, so the load writes each once; a second
-    call after the load finishes the rest (int4 kernels, a plan that times the loaded weights)."""
+    empty in their decode form (float32 ones as tiles), so the load writes each once; a second call after the load
+    finishes the rest (int4 kernels)."""
     layout = layout or layout_name()
     if loaded:
         prepare_kernels(module)  # int4 layers: their kernel copies now (any layout)
@@ -49,6 +49,5 @@ def decode_layout(module: nn.Module, layout: str | None = None, loaded: bool = T
             lin.weight.data = col.copy_(w.data) if loaded else col  # same values (none yet before the load)
     if layout == "packed":
         packed_linear.pack_linears(module)
-        # the plan now (threads set later: re-measured lazily); weights it sends to tiled.c at every count: tiles only
-        packed_linear.hold_tiled(module, loaded)
+        packed_linear.hold_tiled(module, loaded)  # float32 weights: tiles only (tiled.c runs their every product)
     return module

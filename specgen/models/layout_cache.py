@@ -14,7 +14,6 @@ from specgen import registry
 from specgen.devices import is_cpu, module_device
 from specgen.models import plan_cache
 from specgen.models.layout import layout_name
-from specgen.models.packed_linear import PackedLinear
 from specgen.models.quantize import quantized_layers
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
@@ -79,23 +78,14 @@ def on_disk(t: torch.Tensor) -> torch.Tensor:
     return t.t() if column_major(t) else t.contiguous()
 
 
-def plan_of(module: nn.Module) -> str | None:
-    """The kernel plan its PackedLinears share ('' without any), None while it still needs timing or is not kept (a
-    busy machine's: the next start measures again, and would not read a layout made for it)."""
-    if (choice := next((lin._choice for lin in module.modules() if isinstance(lin, PackedLinear)), None)) is None:
-        return ""
-    return repr(choice.plan()) if choice.kept() else None
-
-
 def place(module: nn.Module, weights: Path) -> tuple[dict[str, torch.Tensor], Path, str] | None:
     """(state as `held`, cache file, key) of `module` loaded from `weights` in the current layout; None when it is not
-    cached: not on the CPU, holding more than tensors, or its plan still to be measured (a first load measures it,
-    then stores)."""
-    state, plan = held(module), plan_of(module)
-    if state is None or plan is None or not is_cpu(module_device(module)):
+    cached: not on the CPU, or holding more than tensors."""
+    state = held(module)
+    if state is None or not is_cpu(module_device(module)):
         return None
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in state.values()})
-    name = json.dumps([str(weights.resolve()), layout_name(), dtypes, plan])  # thread counts whose plans differ
+    name = json.dumps([str(weights.resolve()), layout_name(), dtypes])
     st = weights.stat()  # alternate without rewriting: a file each; a changed checkpoint or machine rewrites it
     k = json.dumps([VERSION, ops.QMM_LAYOUT, st.st_size, st.st_mtime_ns, st.st_ino, plan_cache.machine()])
     return state, folder() / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.safetensors", k

@@ -27,7 +27,7 @@ class Products:
 
 
 def tiled_ready(lins: tuple, rows: int) -> bool:
-    """float32 PackedLinears, whose decode products run tiled.c at every row count (`kernel_choice.step_products`);
+    """float32 PackedLinears, whose decode products run tiled.c at every row count (`kernel_choice.tiled_products`);
     one of another class (a plain nn.Linear, a LoRA wrapper) keeps the module path."""
     return native.library("tiled") is not None and all(
         type(lin) is PackedLinear and lin._parameters["weight"].dtype == torch.float32 for lin in lins)

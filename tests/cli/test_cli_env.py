@@ -23,7 +23,7 @@ def test_env_json_has_every_fact_and_loads_no_model(monkeypatch, specgen_home):
     assert {"devices", "isa", "threads", "torch", "cuda", "kernels", "native", "caches"} <= set(facts)
     assert facts["devices"][0]["name"] == "cpu" and facts["threads"]["torch"] >= 1
     assert FAMILIES <= set(facts["kernels"]) and all(k["path"] and k["why"] for k in facts["kernels"].values())
-    assert set(facts["caches"]) == {"home", "registry", "kernel_plans", "cost_curves", "decoded_weights",
+    assert set(facts["caches"]) == {"home", "registry", "cost_curves", "decoded_weights",
                                     "native_cache"}
     assert facts["caches"]["home"]["path"] == str(specgen_home)
     assert set(facts["native"]["libraries"]) == {"attention", "glue", "tiled", "qmm"}
@@ -89,24 +89,6 @@ def test_the_machine_column_says_a_softcapped_model_attended_chunked(monkeypatch
         with torch.inference_mode():
             model(torch.tensor([[1, 2, 3]]), torch.arange(3)[None], model.new_cache())
         assert label(machine_facts()).endswith(", softcapped attention torch chunked") is said, over
-
-
-def test_stored_kernel_plans_are_shown_as_every_familys_not_as_texts(specgen_home):
-    """A plan is stored per weight shapes, whichever model they are (an image GPT's, a mesh backbone's): env listed
-    them all under `text float32`, where image and mesh showed none, so an image benchmark's machine column named a
-    plan env gave to text."""
-    import torch
-
-    from specgen.machine import kernel_paths
-    from specgen.models import plan_cache
-
-    key = plan_cache.key(((32, 64, torch.float32),), torch.get_num_threads())
-    plan_cache.add(plan_cache.path(), key, {"min_rows": 3, "native": [1, 2]})
-    kernels = kernel_paths("cpu")
-    assert kernels["float32 plans"]["path"] == "native 1-2 rows, oneDNN from 3 rows"
-    assert kernels["text float32"] == kernels["image"] == kernels["mesh"]
-    r = runner.invoke(app, ["env"])
-    assert r.exit_code == 0 and "float32 plans" in r.stdout, r.output
 
 
 def test_env_refuses_an_empty_device_as_every_command_does():

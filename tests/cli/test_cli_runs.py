@@ -15,20 +15,9 @@ from pathlib import Path
 import pytest
 
 from specgen.eval.run_dir import LAUNCHER_POLL_S
-from specgen.models.kernel_choice import ENV as KERNEL_ENV
 from tests.cli.test_cli_image import tiny_image  # noqa: F401
 from tests.cli.test_cli_text import invoke, tiny_target  # noqa: F401
 from tests.models.test_quantized_cli import long_tiny_target  # noqa: F401
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_kernel_plan():
-    """Every process of these runs (this one, shards, torchrun ranks) computes with the same kernels: the plan is
-    otherwise measured per process, and the tiny models' microsecond timings can pick another kernel in another
-    process, whose last bits move the NLL columns compared here (docs/cluster.md)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNEL_ENV, "2")
-        yield
 
 
 def bench(limit: int = 5, tokens: int = 8, batch: str = "1,2", *extra: str) -> list[str]:

@@ -12,8 +12,7 @@ import torch
 
 from specgen import checkpoints, native, registry
 from specgen import precision
-from specgen.models import kernel_choice, layout_cache, packed_linear, plan_cache
-from specgen.models.kernel_choice import Timing
+from specgen.models import layout_cache, packed_linear, plan_cache
 from specgen.models.layout import ENV, decode_layout
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
@@ -24,14 +23,11 @@ TOKENS = torch.tensor([[5, 17, 3, 9, 40, 2], [11, 11, 7, 60, 1, 8]])
 
 @pytest.fixture(params=["packed", "col"])
 def entry(request, monkeypatch):
-    """A tiny tied target in the registry, decoded in `packed` (the native loop at every row count, so the tied
-    embedding and the other weights are held as tiles where tiled.c is built) or `col` layout."""
+    """A tiny tied target in the registry, decoded in `packed` (the tied embedding and the other weights held as tiles
+    where tiled.c is built) or `col` layout."""
     if request.param == "packed" and not packed_linear.available():
         pytest.skip("this torch build has no oneDNN")
     monkeypatch.setenv(ENV, request.param)
-    native_everywhere = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: native_everywhere)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
     monkeypatch.setattr(plan_cache, "WARNED", set())
     model = tiny_model(5, tie_embeddings=True)
     return registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
@@ -98,7 +94,6 @@ def test_a_changed_key_lays_out_again_and_rewrites(entry, copies, monkeypatch, c
     expected = logits(load(entry))
     if change == "another CPU or torch":
         monkeypatch.setattr(plan_cache, "machine", lambda: "other-cpu-flags")
-        monkeypatch.setattr(kernel_choice, "_MEASURED", {})  # another machine is another process: it measures
     else:
         weights = entry.path / registry.WEIGHTS
         os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
@@ -107,22 +102,6 @@ def test_a_changed_key_lays_out_again_and_rewrites(entry, copies, monkeypatch, c
     copies.clear()
     assert torch.equal(logits(load(entry)), expected) and copies == []  # the rewritten file is read
     assert len(cache_files()) == 1  # replaced, not added beside
-
-
-def test_each_plan_keeps_its_own_file(entry, copies, monkeypatch):
-    """Thread counts whose plans differ alternate without rewriting each other's file."""
-    if os.environ[ENV] != "packed":
-        pytest.skip("plans apply to the packed layout")
-    measured = logits(load(entry))
-    monkeypatch.setenv(kernel_choice.ENV, "3")  # pinned: oneDNN from 3 rows, nothing held as tiles
-    pinned = logits(load(entry))
-    assert len(cache_files()) == 2
-    copies.clear()
-    assert torch.equal(logits(load(entry)), pinned)
-    assert set(copies) <= {"fill_tiles"}  # read from its file; a decode step's tiles beside oneDNN's made on use
-    copies.clear()
-    monkeypatch.delenv(kernel_choice.ENV)
-    assert torch.equal(logits(load(entry)), measured) and copies == []
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not safetensors", "other shapes"])

@@ -6,16 +6,13 @@ import pytest
 import torch
 
 from specgen.decoding.target import ModelTarget
-from specgen.models import kernel_choice, native_block
-from specgen.models.kernel_choice import Timing
+from specgen.models import native_block
 from specgen.models.layout import decode_layout
 from specgen.models.quantize import quantize_model
 from tests.conftest import needs_native, tiny_model
 
 pytestmark = needs_native
 
-NATIVE = Timing((1, 2), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5))  # the tiled loop wins at every row count
-MKL_ONEDNN = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL for one row, oneDNN for more: no tiled loop
 REAL_USABLE = native_block.usable
 
 
@@ -32,14 +29,11 @@ def counted_usable(monkeypatch, fast: bool) -> list:
     return taken
 
 
-def decode(monkeypatch, timing, fast: bool, quantized: str = "", **over
+def decode(monkeypatch, fast: bool, quantized: str = "", **over
            ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(logits of a prefill, three AR steps and a 4-node tree verify; every layer's cache keys and values; how many
-    block forwards took the native path) on a tiny float32 model whose kernel plan comes from `timing`, or on it
-    `quantized` ("int8", "int4": qmm.c's products, bfloat16 activations)."""
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    block forwards took the native path) on a tiny float32 model (its products on tiled.c), or on it `quantized`
+    ("int8", "int4": qmm.c's products, bfloat16 activations)."""
     taken = counted_usable(monkeypatch, fast)
     model = tiny_model(1, **over)
     target = ModelTarget(quantize_model(model, quantized, 32) if quantized else decode_layout(model, "packed"))
@@ -61,8 +55,8 @@ def decode(monkeypatch, timing, fast: bool, quantized: str = "", **over
 def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
     """Prefill, AR steps over two rows and a tree verify: the same logits and cache contents with the block in one
     run of native calls as through its modules (the same kernels in the same order)."""
-    fast_logits, fast_kv, taken = decode(monkeypatch, NATIVE, True, **over)
-    slow_logits, slow_kv, none = decode(monkeypatch, NATIVE, False, **over)
+    fast_logits, fast_kv, taken = decode(monkeypatch, True, **over)
+    slow_logits, slow_kv, none = decode(monkeypatch, False, **over)
     assert taken > 0 and none == 0
     assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
     assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
@@ -73,8 +67,8 @@ def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
 def test_a_quantized_block_equals_its_modules_bit_for_bit(monkeypatch, mode, over):
     """The same on a quantized model (qmm.c's products, bfloat16 activations, the fused w13 of its feed-forward); the
     prefill keeps the module path (prompt mode may take one bfloat16 GEMM), every later forward takes the native run."""
-    fast_logits, fast_kv, taken = decode(monkeypatch, NATIVE, True, mode, **over)
-    slow_logits, slow_kv, none = decode(monkeypatch, NATIVE, False, mode, **over)
+    fast_logits, fast_kv, taken = decode(monkeypatch, True, mode, **over)
+    slow_logits, slow_kv, none = decode(monkeypatch, False, mode, **over)
     assert taken == 2 * 4 and none == 0  # 2 layers x (3 AR steps + the tree verify)
     assert fast_logits[0].dtype == torch.bfloat16
     assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
@@ -85,9 +79,6 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
     """The mesh decoder's blocks (self-attention, cross-attention to a condition, SwiGLU): AR steps over two rows and
     a tree verify give the same logits and cache through the native run as through the modules."""
     def run(fast: bool) -> tuple[list[torch.Tensor], int]:
-        monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: NATIVE)
-        monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-        monkeypatch.delenv(kernel_choice.ENV, raising=False)
         taken = counted_usable(monkeypatch, fast)
         model = decode_layout(tiny_model(3, cross_dim=24), "packed")
         cache = model.new_cache(2, 32)
@@ -110,20 +101,17 @@ def test_a_cross_attention_block_equals_its_modules_bit_for_bit(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
 
 
-def test_the_native_block_runs_decode_steps_whatever_the_prefill_plan(monkeypatch):
-    """A plan that sends a prefill's products to MKL or oneDNN still leaves every decode step's to the tiled loop
-    (`kernel_choice.step_products`), so the native block runs them; a plain nn.Linear keeps the module path."""
-    _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
+def test_the_native_block_needs_a_product_kind_it_knows(monkeypatch):
+    """Every float32 decode step's products run on tiled.c, so the native block runs them; without a product kind it
+    knows (a plain nn.Linear, a LoRA wrapper) a block keeps the module path."""
+    _, _, taken = decode(monkeypatch, True)
     assert taken > 0
     monkeypatch.setattr(native_block, "KINDS", {})  # control: no product kind the block knows
-    _, _, taken = decode(monkeypatch, MKL_ONEDNN, True)
+    _, _, taken = decode(monkeypatch, True)
     assert taken == 0
 
 
 def test_not_usable_with_gradients_other_dtypes_or_q_k_norms(monkeypatch):
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: NATIVE)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(kernel_choice.ENV, raising=False)
     from specgen.models.attention import native_plan
 
     model = decode_layout(tiny_model(2), "packed")

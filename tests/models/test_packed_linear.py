@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from unittest import mock
 
 import pytest
 import torch
@@ -11,40 +10,37 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.errors import UsageError
-from specgen.models import kernel_choice, packed_linear
+from specgen.models import packed_linear
 from specgen.models.layout import ENV, decode_layout, layout_name
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from specgen.models.prompt import prompt_mode
-from tests.conftest import needs_native, needs_onednn, tiny_model
+from tests.conftest import needs_native, needs_onednn, needs_tiled, tiny_model
 
 
-def packed(in_f: int = 24, out_f: int = 40, bias: bool = True, min_rows: int = 3) -> tuple[nn.Linear, PackedLinear]:
+def packed(in_f: int = 24, out_f: int = 40, bias: bool = True) -> tuple[nn.Linear, PackedLinear]:
     torch.manual_seed(0)
     ref = nn.Linear(in_f, out_f, bias=bias)
-    lin = copy.deepcopy(ref)
-    with mock.patch.dict("os.environ", {kernel_choice.ENV: str(min_rows)}):  # pinned, as a user pins it
-        pack_linears(lin)
-    return ref, lin
+    return ref, pack_linears(copy.deepcopy(ref))
 
 
 @needs_onednn
+@needs_tiled
 @pytest.mark.parametrize("bias", [True, False])
-def test_every_row_count_matches_nn_linear(bias):
+def test_every_row_count_matches_nn_linear(bias, monkeypatch):
+    """float32 products run tiled.c at every row count; where it is not taken (not built), oneDNN's packed copy."""
     ref, lin = packed(bias=bias)
-    assert isinstance(lin, PackedLinear) and lin._choice.plan().min_rows == 3
-    with torch.inference_mode(), prompt_mode():  # a prefill's products: the plan's kernels
-        for rows in range(1, 7):
-            x = torch.randn(rows, 24)
-            y = lin(x)
-            if rows < 3:  # MKL path: the very same call as nn.Linear (nothing packed yet)
-                assert torch.equal(y, ref(x)) and lin._packed is None
-            else:  # oneDNN path: float32 rounding only
-                torch.testing.assert_close(y, ref(x), rtol=1e-5, atol=1e-5)
-                assert lin._packed is not None
-        x3 = torch.randn(2, 5, 24)  # [B, S, in]: rows = B * S
-        torch.testing.assert_close(lin(x3), ref(x3), rtol=1e-5, atol=1e-5)
-        xt = torch.randn(24, 4).t()  # a non-contiguous input
-        torch.testing.assert_close(lin(xt), ref(xt), rtol=1e-5, atol=1e-5)
+    for tiled in (True, False):
+        if not tiled:
+            monkeypatch.setattr(packed_linear, "tiled_products", lambda x, w: False)
+        with torch.inference_mode():
+            for rows in range(1, 7):
+                x = torch.randn(rows, 24)
+                torch.testing.assert_close(lin(x), ref(x), rtol=1e-5, atol=1e-5)
+                assert (lin._tiled is not None, lin._packed is not None) == (True, not tiled)
+            x3 = torch.randn(2, 5, 24)  # [B, S, in]: rows = B * S
+            torch.testing.assert_close(lin(x3), ref(x3), rtol=1e-5, atol=1e-5)
+            xt = torch.randn(24, 4).t()  # a non-contiguous input
+            torch.testing.assert_close(lin(xt), ref(xt), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
@@ -113,7 +109,7 @@ def test_a_cpu_whose_onednn_refuses_bfloat16_runs_it_unpacked(monkeypatch):
         torch.testing.assert_close(bf(x.bfloat16()), F.linear(x.bfloat16(), bf.weight, bf.bias))
         assert bf._packed is None
         lin(x)
-        assert lin._packed is not None  # float32 still on oneDNN from min_rows
+        assert lin._packed is None and lin._tiled is not None  # float32: tiled.c, prompts too
     model = pack_linears(tiny_model(1).to(torch.bfloat16))  # PackedLinears for their decode steps (tiled.c)
     with torch.inference_mode(), prompt_mode():
         model(torch.zeros(1, 5, dtype=torch.long), torch.arange(5)[None])
@@ -137,15 +133,14 @@ def test_decode_layout_packs_by_default_and_keeps_the_model(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize("min_rows", [1, 4])
-def test_decoding_on_packed_weights_stays_lossless(min_rows, monkeypatch):
-    """Greedy Jacobi / n-gram / random-tree drafts on packed weights equal AR on them (1 = every product on oneDNN)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoding_on_packed_weights_stays_lossless(dtype):
+    """Greedy Jacobi / n-gram / random-tree drafts on packed weights equal AR on them."""
     from specgen.methods.options import JacobiOptions
     from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
     from tests.decoding.test_lossless_text import GREEDY, RandomTreeDrafter, run
 
-    monkeypatch.setenv(kernel_choice.ENV, str(min_rows))
-    model = pack_linears(decode_layout(tiny_model(1), "col"))
+    model = pack_linears(decode_layout(tiny_model(1).to(dtype), "col"))
     prompt = [int(t) for t in torch.randint(0, 64, (12,), generator=torch.Generator().manual_seed(1))]
     ar = run(model, EmptyDrafter(), prompt)
     assert GREEDY.greedy and len(ar) == 40

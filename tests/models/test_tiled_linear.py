@@ -10,10 +10,10 @@ from torch import nn
 from specgen import native
 from specgen.decoding.target import ModelTarget
 from specgen.devices import onednn_packs
-from specgen.models import kernel_choice, packed_linear, plan_cache
-from specgen.models.kernel_choice import Timing
+from specgen.models import kernel_choice, native_block, packed_linear
 from specgen.models.layout import decode_layout
 from specgen.models.packed_linear import pack_linears
+from specgen.models.prompt import prompt_mode
 from specgen.native import ops
 from tests.conftest import needs_native, needs_onednn, needs_tiled, tiny_model
 
@@ -117,21 +117,21 @@ def test_leading_dims_and_empty_inputs():
         torch.testing.assert_close(linear(x, *tiles, 20), x @ w.T)
 
 
-def test_usable_only_for_float32_cpu_without_grad():
+def test_tiled_for_cpu_products_without_grad_bfloat16_outside_a_prompt():
     w = torch.randn(4, 4)
     with torch.inference_mode():
         assert kernel_choice.tiled_products(torch.randn(1, 4), w)
-        assert not kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
+        assert kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
+        with prompt_mode():  # a prefill: float32 stays on tiled.c, bfloat16 takes its faster GEMM
+            assert kernel_choice.tiled_products(torch.randn(1, 4), w)
+            assert not kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
+        assert not kernel_choice.tiled_products(torch.randn(1, 4).half(), w.half())
     assert not kernel_choice.tiled_products(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
 
 
-def verify_vs_steps(monkeypatch, timing, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+def verify_vs_steps(dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits [5, V] of 5 tokens scored in one verify forward and in 5 one-token AR steps, after a 4-token prompt,
-    on a tiny model in `dtype` whose kernel plan comes from `timing`."""
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timing)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    plan_cache.path().unlink(missing_ok=True)  # `timing` is this call's measurement, not a stored one
-    monkeypatch.delenv(kernel_choice.ENV, raising=False)
+    on a tiny model in `dtype`."""
     target = ModelTarget(decode_layout(tiny_model(0).to(dtype), "packed"))
     prompt, tokens = torch.tensor([[3, 1, 4, 1]]), torch.tensor([[5, 9, 2, 6, 5]])
     caches = [target.model.new_cache(1, 32) for _ in range(2)]
@@ -147,16 +147,23 @@ def verify_vs_steps(monkeypatch, timing, dtype=torch.float32) -> tuple[torch.Ten
 
 
 @needs_native  # the attention's invariance too
+@needs_onednn  # the control
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dtype):
-    """Decode steps run every product on the tiled loop whatever the plan (and attention and norms native): a verify
-    forward gives each token the logits of its own AR step, bit for bit; with the plan's MKL for one row and oneDNN
-    for more (what decode steps ran before), it need not."""
-    mixed = Timing((1, 2), (1.0, 2.0), (2.0, 1.0))  # MKL | oneDNN
-    steps, verify = verify_vs_steps(monkeypatch, mixed, dtype)
+    """Every decode step's products run on the tiled loop (and attention and norms native): a verify forward gives
+    each token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more (as a plan chosen
+    by speed could run them until session 78) it need not."""
+    steps, verify = verify_vs_steps(dtype)
     assert torch.equal(steps, verify)
-    monkeypatch.setattr(packed_linear, "step_products", lambda x, w: False)  # control: the plan in decode too
-    steps, verify = verify_vs_steps(monkeypatch, mixed)
+
+    def by_rows(lin, x):  # control: a kernel chosen by the row count,
+        if x.numel() == x.shape[-1]:
+            return F.linear(x, lin.weight, lin.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, lin.packed_weight(), lin.bias, "none", [], "")
+
+    monkeypatch.setattr(packed_linear.PackedLinear, "forward", by_rows)
+    monkeypatch.setattr(native_block, "KINDS", {})  # in the blocks too
+    steps, verify = verify_vs_steps()
     torch.testing.assert_close(steps, verify, rtol=1e-4, atol=1e-4)
     assert not torch.equal(steps, verify)  # the test above can fail
 

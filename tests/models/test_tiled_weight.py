@@ -1,11 +1,10 @@
-"""A weight the plan sends to tiled.c at every row count is held once, as its tiles: same values, same products."""
+"""A float32 weight, whose every product runs tiled.c, is held once, as its tiles: same values, same products."""
 
 from __future__ import annotations
 
 import copy
 import pickle
 import shutil
-import time
 
 import pytest
 import torch
@@ -14,24 +13,13 @@ from torch import nn
 
 from specgen import checkpoints, registry
 from specgen.decoding.target import ModelTarget
-from specgen.models import kernel_choice, layout_cache, plan_cache
-from specgen.models.kernel_choice import Timing
+from specgen.models import layout_cache
 from specgen.models.layout import decode_layout
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from specgen.models.tiled_weight import TiledWeight
 from tests.conftest import needs_onednn, needs_tiled, tiny_model
 
 pytestmark = [needs_tiled, needs_onednn]
-EVERYWHERE = Timing((1, 2), (1.0, 2.0), (2.0, 1.0), (0.5, 0.5))  # tiled.c fastest at every row count
-
-
-@pytest.fixture
-def native_everywhere(monkeypatch):
-    timed = []
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a, **k: timed.append(1) or EVERYWHERE)
-    monkeypatch.setattr(kernel_choice, "_MEASURED", {})
-    monkeypatch.delenv(kernel_choice.ENV, raising=False)
-    return timed
 
 
 @pytest.mark.parametrize("n", [40, 32, 5])  # partial last tile, whole tiles, one partial tile
@@ -53,7 +41,7 @@ def test_a_tiled_weight_reads_and_writes_as_its_values(n):
         assert type(other) is nn.Parameter and torch.equal(other, w)
 
 
-def test_decode_layout_holds_native_everywhere_weights_once_with_the_same_products(native_everywhere):
+def test_decode_layout_holds_float32_weights_once_with_the_same_products():
     model = decode_layout(tiny_model(1, tie_embeddings=True), "packed")
     two_copies = pack_linears(tiny_model(1, tie_embeddings=True))  # dense weights, tiles made on use
     lins = [m for m in model.modules() if isinstance(m, PackedLinear)]
@@ -68,35 +56,13 @@ def test_decode_layout_holds_native_everywhere_weights_once_with_the_same_produc
         assert all(lin._tiled is not None for lin in two_copies.modules() if isinstance(lin, PackedLinear))
 
 
-def test_a_busy_machines_plan_lays_out_no_cached_weights(native_everywhere, monkeypatch):
-    """A plan timed while the timing thread lost its core (a sleep) is not stored, so no later start would read the
-    weights laid out for it: none are written; a quiet start stores both."""
-    model = tiny_model(2)
-    entry = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
-                                                                  "kwargs": model.cfg.to_dict()})
-    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.9)
-    timing = kernel_choice.time_passes
-    monkeypatch.setattr(kernel_choice, "time_passes", lambda *a: time.sleep(0.05) or timing(*a))
-    checkpoints.load_module(entry, decode=True)
-    assert native_everywhere == [1] and not list(layout_cache.folder().glob("*"))
-    assert [e.get("busy") for e in plan_cache.read().values()] == [True]  # for busy starts only
-    kernel_choice._MEASURED.clear()
-    monkeypatch.setattr(kernel_choice, "time_passes", timing)
-    monkeypatch.setattr(plan_cache, "QUIET_SHARE", 0.0)  # a quiet start (whatever else runs beside this test)
-    checkpoints.load_module(entry, decode=True)
-    assert native_everywhere == [1, 1] and plan_cache.read() and list(layout_cache.folder().glob("*.safetensors"))
-
-
-def test_a_decode_load_with_a_stored_plan_writes_weights_into_their_tiles(native_everywhere):
+def test_a_decode_load_writes_weights_into_their_tiles():
     model = tiny_model(2, tie_embeddings=True)
     entry = registry.save("target", "tiny", model.state_dict(), {"builder": "transformer",
                                                                   "kwargs": model.cfg.to_dict()})
-    checkpoints.load_module(entry, decode=True)  # no plan stored yet: loaded dense, then timed
-    assert native_everywhere == [1] and plan_cache.read()
-    kernel_choice._MEASURED.clear()
-    shutil.rmtree(layout_cache.folder())  # the plan stored, the decoded weights not
+    checkpoints.load_module(entry, decode=True)
+    shutil.rmtree(layout_cache.folder())  # the decoded weights not stored: loaded from the checkpoint again
     loaded = checkpoints.load_module(entry, decode=True)
-    assert native_everywhere == [1]  # the stored plan: nothing timed again
     assert type(loaded.output.weight) is TiledWeight and loaded.output.weight is loaded.tok_embeddings.weight
     for name, p in model.state_dict().items():
         got = loaded.state_dict()[name]
