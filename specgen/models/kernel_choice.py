@@ -89,8 +89,7 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a CPU product runs tiled.c: grad mode off, tiled.c built, float32 at every row count, bfloat16 outside
     a prompt prefill (over float32 tiles: each product exact in float32, the sum rounded once to bfloat16). The
     invariant: a decode step's row gets the same bits whatever the rows beside it, so a verify scores each token as
-    its AR step did. MKL's and oneDNN's products give a row other bits at other row counts (a bfloat16 SmolLM2's w2
-    from 3 rows: n-gram's greedy text then left AR's on 14 of 20 HumanEval prompts), and so does any choice of
+    its AR step did. MKL's and oneDNN's products give a row other bits at other row counts, and so does any choice of
     kernel by row count (docs/precision.md)."""
     return (inference_on_cpu(TILED_DTYPES, x, weight) and native.library("tiled") is not None
             and (weight.dtype == torch.float32 or not prompt.active()))
