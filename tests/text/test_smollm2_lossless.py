@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_lossless_methods_equal_ar_on_smollm2(dtype):
     """HumanEval/2 is where a bfloat16 n-gram left AR's text at token 47 while oneDNN ran the verify's products (its
-    rows' bits depend on the row count); 64 tokens of the first three problems, each alone, at the thread count torch has."""
+    rows' bits depend on the row count); 64 tokens of the first three problems, each alone, at torch's threads."""
     model = load_text_model("smollm2-135m", dtype=None if dtype == "float32" else dtype)
     prompts = [model.tokenizer.encode(p.prompt) for p in load_problems(3)]
     with torch.inference_mode():
