@@ -100,9 +100,9 @@ def hold_tiled(module: nn.Module, loaded: bool = True) -> None:
     for m in module.modules():
         for name, p in m._parameters.items():
             holders.setdefault(id(p), []).append((m, name))
-    for lin in list(module.modules()):
-        w = getattr(lin, "weight", None)
-        if not isinstance(lin, PackedLinear) or isinstance(w, TiledWeight) or w.dtype != torch.float32:
+    for lin in [m for m in module.modules() if isinstance(m, PackedLinear)]:
+        w = lin.weight
+        if isinstance(w, TiledWeight) or w.dtype != torch.float32:
             continue
         tiled = TiledWeight.of(w, copy=loaded)
         for m, name in holders.pop(id(w)):
