@@ -1,9 +1,10 @@
 """Start-to-first-output and peak RSS of `specgen generate` per model family, beside llama.cpp's load + first token.
 
 Each row is a whole process, run `--runs` times one after another (wall seconds and the child's peak RSS, as
-/usr/bin/time reports them). "warm" rows use the current $SPECGEN_HOME (built-ins converted, kernel plans stored);
-"cleared" rows a fresh empty home, so the first run converts the GGUF and measures the kernel plans. Cited by
-docs/results/startup.md. Run: python scripts/startup.py [--runs 3] [--only text,int4,image,mesh,llamacpp,cleared]
+/usr/bin/time reports them). "warm" rows use the current $SPECGEN_HOME (built-ins converted, cost curves stored);
+"cleared" rows a fresh empty home, so the first run converts the GGUF, lays out its weights and times its cost
+curve. Cited by docs/results/startup.md.
+Run: python scripts/startup.py [--runs 3] [--only text,int4,image,mesh,llamacpp,cleared]
 """
 
 from __future__ import annotations

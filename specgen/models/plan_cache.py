@@ -17,7 +17,7 @@ from specgen.native import cpu_signature
 from specgen.paths import atomic_write_text
 
 #: The least share of a core a measurement's thread may get and still be stored: quiet ~0.99, beside two busy
-#: processes on two cores ~0.6 (a kernel plan timed so once picked other kernels and slowed every later start ~40%).
+#: processes on two cores ~0.6 (a measurement kept from such a run slowed every later start ~40%).
 QUIET_SHARE = 0.9
 T = TypeVar("T")
 WARNED: set[str] = set()  # homes whose caches could not be written, warned about once
@@ -61,9 +61,9 @@ def add(file: Path, k: str, entry) -> None:
 
 
 def warn_unwritable(folder: Path, why: str) -> None:
-    """Warn that a cache under this home cannot be written (plans, cost curves, decoded weights): once per process and
+    """Warn that a cache under this home cannot be written (cost curves, decoded weights): once per process and
     home, whichever cache meets it first; the process runs on with what it measured and built itself."""
     if str(registry.home()) not in WARNED:
         WARNED.add(str(registry.home()))
-        warnings.warn(f"kernel plans, cost curves and decoded weights are not cached ({folder}: {why}); each start "
+        warnings.warn(f"cost curves and decoded weights are not cached ({folder}: {why}); each start "
                       "measures and lays them out again", stacklevel=3)
