@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specgen import native
@@ -18,6 +20,10 @@ CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Weight dtypes whose GPU products run as GEMMs of one row count (SlicedLinear): the library picks a GEMM's kernel,
 #: and each row's order of sums, by its shape in every float dtype (docs/precision.md).
 SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+#: Rows of each bfloat16 decode product on a CPU with AMX (`amx_slices`): zero-padded slices of this many, one oneDNN
+#: GEMM shape at every row count (the GPU's SlicedLinear rule). Measured there: a 32-row slice of a SmolLM2 product
+#: costs 1.0-1.9 one-row products, and less than tiled.c's one row over float32 tiles (docs/results/text.md).
+AMX_SLICE_ROWS = 32
 CAPPED_CHUNKED = [False]  # whether this process attended a softcapped model chunked on the CPU (`attention_path`)
 
 
@@ -87,12 +93,26 @@ def prompts_as_steps(dtype: torch.dtype, device: torch.device | str) -> bool:
 
 def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a CPU product runs tiled.c: grad mode off, tiled.c built, float32 at every row count, bfloat16 outside
-    a prompt prefill (over float32 tiles: each product exact in float32, the sum rounded once to bfloat16). The
-    invariant: a decode step's row gets the same bits whatever the rows beside it, so a verify scores each token as
-    its AR step did. MKL's and oneDNN's products give a row other bits at other row counts, and so does any choice of
-    kernel by row count (docs/precision.md)."""
+    a prompt prefill where `amx_slices` does not take it (over float32 tiles: each product exact in float32, the sum
+    rounded once to bfloat16). The invariant: a decode step's row gets the same bits whatever the rows beside it, so
+    a verify scores each token as its AR step did. MKL's and oneDNN's products give a row other bits at other row
+    counts, and so does any choice of kernel by row count (docs/precision.md)."""
     return (inference_on_cpu(TILED_DTYPES, x, weight) and native.library("tiled") is not None
-            and (weight.dtype == torch.float32 or not prompt.active()))
+            and (weight.dtype == torch.float32 or not (prompt.active() or amx_slices(x, weight))))
+
+
+def amx_slices(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a CPU bfloat16 decode product runs oneDNN in AMX_SLICE_ROWS-row slices: grad mode off, outside a prompt
+    prefill, on a CPU with AMX bfloat16 tiles whose oneDNN packs bfloat16. One GEMM shape keeps a row's bits whatever
+    the rows beside it, as tiled.c's one kernel does (tested bitwise); AMX makes 32 rows cost about one."""
+    return (weight.dtype == torch.bfloat16 and not prompt.active() and inference_on_cpu((torch.bfloat16,), x, weight)
+            and amx_bf16() and onednn_packs(torch.bfloat16))
+
+
+@functools.cache
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX tiles for bfloat16 (its /proc/cpuinfo flags; the kernel lets oneDNN use them)."""
+    return any("amx_bf16" in ln.split() for ln in native.cpu_signature().splitlines() if ln.startswith("flags"))
 
 
 def sliced_products(weight: torch.Tensor) -> bool:

@@ -1,5 +1,5 @@
-"""PackedLinear: an nn.Linear whose CPU products run tiled.c (a row's bits whatever its batch) or, for a bfloat16
-prompt prefill, oneDNN over a packed copy."""
+"""PackedLinear: an nn.Linear whose CPU products run tiled.c or, on AMX, oneDNN in fixed slices (a row's bits whatever
+its batch), or, for a bfloat16 prompt prefill, oneDNN over a packed copy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import nn
 
 from specgen import native
 from specgen.limits import available_memory
-from specgen.models.kernel_choice import TILED_DTYPES, cpu_packable, tiled_products
+from specgen.models.kernel_choice import AMX_SLICE_ROWS, TILED_DTYPES, amx_slices, cpu_packable, tiled_products
 from specgen.models.tiled_weight import TiledWeight
 from specgen.native import ops
 
@@ -27,8 +27,9 @@ def available() -> bool:
 
 class PackedLinear(nn.Linear):
     """nn.Linear (same parameters, same state dict) whose CPU products run native/tiled.c over a tiled copy (float32 at
-    every row count, bfloat16 outside a prompt prefill: `kernel_choice.tiled_products`), else oneDNN over a packed
-    copy where this CPU packs the weight, else torch's `F.linear`."""
+    every row count, bfloat16 outside a prompt prefill: `kernel_choice.tiled_products`), bfloat16 decode products on
+    AMX oneDNN over a packed copy in AMX_SLICE_ROWS-row slices (`kernel_choice.amx_slices`), other products oneDNN
+    over that copy where this CPU packs the weight, else torch's `F.linear`."""
 
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
     _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
@@ -38,10 +39,25 @@ class PackedLinear(nn.Linear):
         if tiled_products(x, w):  # bfloat16: over float32 tiles, each sum rounded once
             out = ops.tiled_linear(x.float(), *self.tiled_weight(), self.out_features, torch.get_num_threads())
             return out.to(x.dtype)
+        if amx_slices(x, w):
+            return self.sliced(x)
         if (x.device.type == "cpu" and x.dtype == w.dtype and cpu_packable(w)
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
+
+    def sliced(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
+        """oneDNN's product over GEMMs of exactly AMX_SLICE_ROWS rows: a row's bits depend on its own input only."""
+        rows = x.reshape(-1, x.shape[-1])  # [M, in]
+        m, size = rows.shape[0], AMX_SLICE_ROWS
+        if m % size:  # [M', in], M' a multiple of the slice; a GEMM's output row reads only its own input row, so the
+            padded = rows.new_zeros(m + -m % size, rows.shape[1])  # padding never reaches a real row's bits
+            padded[:m] = rows
+            rows = padded
+        w = self.packed_weight()
+        parts = [torch.ops.mkldnn._linear_pointwise(part, w, self.bias, "none", [], "") for part in rows.split(size)]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [M', out]
+        return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 
     def packed_weight(self) -> torch.Tensor:
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""

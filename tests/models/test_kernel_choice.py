@@ -1,4 +1,5 @@
-"""Which kernel a CPU product runs: tiled.c at every row count (bfloat16 prompts: oneDNN), nothing measured at load."""
+"""Which kernel a CPU product runs: tiled.c at every row count (bfloat16 prompts, and steps on AMX: oneDNN), nothing
+measured at load."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from specgen.models import plan_cache
+from specgen.models import kernel_choice, plan_cache
 from specgen.models.layout import decode_layout
 from specgen.models.packed_linear import PackedLinear, pack_linears
 from specgen.models.prompt import prompt_mode
@@ -33,7 +34,8 @@ def test_a_float32_model_runs_every_product_on_its_tiles_prompts_too():
     assert all(lin._packed is None for lin in lins)
 
 
-def test_a_bfloat16_model_steps_on_float32_tiles_and_prefills_on_onednn():
+def test_a_bfloat16_model_steps_on_float32_tiles_and_prefills_on_onednn(monkeypatch):
+    monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: False)  # with AMX: oneDNN slices (test_tiled_linear.py)
     torch.manual_seed(0)
     ref = nn.Linear(24, 40).to(torch.bfloat16)
     lin = pack_linears(nn.Sequential(ref))[0]

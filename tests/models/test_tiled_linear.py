@@ -1,4 +1,5 @@
-"""native/tiled.c: float32 products equal to F.linear up to rounding, and the same bits for a row at every row count."""
+"""native/tiled.c (and bfloat16 on AMX, oneDNN slices): products equal to F.linear up to rounding, and the same bits
+for a row at every row count."""
 
 from __future__ import annotations
 
@@ -117,8 +118,9 @@ def test_leading_dims_and_empty_inputs():
         torch.testing.assert_close(linear(x, *tiles, 20), x @ w.T)
 
 
-def test_tiled_for_cpu_products_without_grad_bfloat16_outside_a_prompt():
+def test_tiled_for_cpu_products_without_grad_bfloat16_outside_a_prompt(monkeypatch):
     w = torch.randn(4, 4)
+    monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: False)
     with torch.inference_mode():
         assert kernel_choice.tiled_products(torch.randn(1, 4), w)
         assert kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
@@ -127,6 +129,14 @@ def test_tiled_for_cpu_products_without_grad_bfloat16_outside_a_prompt():
             assert not kernel_choice.tiled_products(torch.randn(1, 4).bfloat16(), w.bfloat16())
         assert not kernel_choice.tiled_products(torch.randn(1, 4).half(), w.half())
     assert not kernel_choice.tiled_products(torch.randn(1, 4), w)  # grad mode on: autograd needs torch's product
+    if onednn_packs(torch.bfloat16):  # with AMX, bfloat16 decode products take oneDNN's slices; float32 stays
+        monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: True)
+        with torch.inference_mode():
+            x, wb = torch.randn(1, 4).bfloat16(), w.bfloat16()
+            assert kernel_choice.amx_slices(x, wb) and not kernel_choice.tiled_products(x, wb)
+            assert kernel_choice.tiled_products(torch.randn(1, 4), w)
+            with prompt_mode():
+                assert not kernel_choice.amx_slices(x, wb)
 
 
 def verify_vs_steps(dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,11 +158,14 @@ def verify_vs_steps(dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
 
 @needs_native  # the attention's invariance too
 @needs_onednn  # the control
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dtype):
-    """Every decode step's products run on the tiled loop (and attention and norms native): a verify forward gives
-    each token the logits of its own AR step, bit for bit; with MKL for one row and oneDNN for more (as a plan chosen
-    by speed could run them until session 78) it need not."""
+@pytest.mark.parametrize("dtype, amx", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dtype, amx):
+    """Every decode step's products run on the tiled loop or, bfloat16 on AMX, oneDNN's 32-row slices (and attention
+    and norms native): a verify forward gives each token the logits of its own AR step, bit for bit; with MKL for one
+    row and oneDNN for more (as a plan chosen by speed could run them until session 78) it need not."""
+    if amx and not (kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16)):
+        pytest.skip("no AMX bfloat16 on this CPU")
+    monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: amx)
     steps, verify = verify_vs_steps(dtype)
     assert torch.equal(steps, verify)
 
@@ -169,29 +182,37 @@ def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dty
 
 
 @needs_onednn
+@pytest.mark.parametrize("amx", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_bfloat16_step_product_gives_each_row_its_bits_alone(threads):
-    """A bfloat16 decode product runs tiled.c over float32 tiles: each row of an r-row product is the row alone, the
-    float32 sum rounded once. Control: oneDNN's bfloat16 product of SmolLM2's w2 shape (1536 -> 576), the one that made
-    n-gram leave AR's text on a bfloat16 SmolLM2, gives some row other bits at some row count."""
+def test_a_bfloat16_step_product_gives_each_row_its_bits_alone(monkeypatch, threads, amx):
+    """A bfloat16 decode product runs tiled.c over float32 tiles (each row the float32 sum rounded once) or, on AMX,
+    oneDNN in 32-row slices: either way each row of an r-row product is the row alone, at any r and place. Control:
+    oneDNN's bfloat16 product of SmolLM2's w2 shape (1536 -> 576) unsliced, the one that made n-gram leave AR's text
+    on a bfloat16 SmolLM2, gives some row other bits at some row count."""
+    if amx and not (kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16)):
+        pytest.skip("no AMX bfloat16 on this CPU")
+    monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: amx)
     torch.manual_seed(0)
     lin = pack_linears(nn.Linear(1536, 576, bias=False).to(torch.bfloat16))
     with torch.no_grad():
         lin.weight.copy_(torch.randn(576, 1536))
-    x = torch.randn(32, 1536).bfloat16()
+    x = torch.randn(70, 1536).bfloat16()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.inference_mode():
-            alone = torch.cat([lin(x[i:i + 1]) for i in range(32)])
-            assert all(torch.equal(lin(x[:r]), alone[:r]) for r in (2, 3, 5, 8, 16, 32))
+            alone = torch.cat([lin(x[i:i + 1]) for i in range(70)])
+            assert all(torch.equal(lin(x[:r]), alone[:r]) for r in (2, 3, 5, 8, 16, 32, 33, 64, 70))
+            assert torch.equal(lin(x.flip(0)), alone.flip(0))  # any place in the slice
+            assert torch.equal(lin(x[:6].view(2, 3, 1536)), alone[:6].view(2, 3, 576))  # [B, S, in]
+            assert (lin._tiled is None) == amx  # AMX needs no float32 tiles
             want = (x.float() @ lin.weight.float().t()).bfloat16()
             torch.testing.assert_close(alone, want, rtol=1e-2, atol=1e-2)
             packed = torch.ops.mkldnn._reorder_linear_weight(lin.weight, 16)
             dnn = lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")  # noqa: E731
-            dnn_alone = torch.cat([dnn(x[i:i + 1]) for i in range(32)])
+            dnn_alone = torch.cat([dnn(x[i:i + 1]) for i in range(70)])
             if onednn_packs(torch.bfloat16):  # the control where this CPU's oneDNN runs bfloat16
-                assert not all(torch.equal(dnn(x[:r]), dnn_alone[:r]) for r in (8, 16, 32))
+                assert not all(torch.equal(dnn(x[:r]), dnn_alone[:r]) for r in (8, 16, 32, 33, 64))
     finally:
         torch.set_num_threads(before)
 
