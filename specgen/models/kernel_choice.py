@@ -21,9 +21,12 @@ CUDA_LIST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: and each row's order of sums, by its shape in every float dtype (docs/precision.md).
 SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Rows of each bfloat16 decode product on a CPU with AMX (`amx_slices`): zero-padded slices of this many, one oneDNN
-#: GEMM shape at every row count (the GPU's SlicedLinear rule). Measured there: a 32-row slice of a SmolLM2 product
-#: costs 1.0-1.9 one-row products, and less than tiled.c's one row over float32 tiles (docs/results/text.md).
-AMX_SLICE_ROWS = 32
+#: GEMM shape at every row count (the GPU's SlicedLinear rule). Measured there on a bfloat16 SmolLM2 (docs/results/
+#: text.md): AR 23.7 tok/s at 16, 21.5 at 32, 19.6 at 64 (a slice's rows cost little but not nothing); its chains fit.
+AMX_SLICE_ROWS = 16
+#: The least weight (elements) whose products take AMX slices: below it oneDNN's ~14 us a call at one thread costs
+#: more than tiled.c's one-row product (a 512 x 512 weight: 13 us against 20; the tiny image GPT's all stay on tiled.c).
+AMX_MIN_WEIGHT = 2**18
 CAPPED_CHUNKED = [False]  # whether this process attended a softcapped model chunked on the CPU (`attention_path`)
 
 
@@ -102,11 +105,12 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def amx_slices(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a CPU bfloat16 decode product runs oneDNN in AMX_SLICE_ROWS-row slices: grad mode off, outside a prompt
-    prefill, on a CPU with AMX bfloat16 tiles whose oneDNN packs bfloat16. One GEMM shape keeps a row's bits whatever
-    the rows beside it, as tiled.c's one kernel does (tested bitwise); AMX makes 32 rows cost about one."""
-    return (weight.dtype == torch.bfloat16 and not prompt.active() and inference_on_cpu((torch.bfloat16,), x, weight)
-            and amx_bf16() and onednn_packs(torch.bfloat16))
+    """Whether a CPU bfloat16 decode product runs oneDNN in AMX_SLICE_ROWS-row slices: a weight of AMX_MIN_WEIGHT or
+    more, grad mode off, outside a prompt prefill, on a CPU with AMX bfloat16 tiles whose oneDNN packs bfloat16. One
+    GEMM shape keeps a row's bits whatever the rows beside it, as tiled.c's one kernel does (tested bitwise), and the
+    choice is the weight's, whatever the rows; AMX makes a slice's 16 rows cost about one."""
+    return (weight.dtype == torch.bfloat16 and weight.numel() >= AMX_MIN_WEIGHT and not prompt.active()
+            and inference_on_cpu((torch.bfloat16,), x, weight) and amx_bf16() and onednn_packs(torch.bfloat16))
 
 
 @functools.cache

@@ -133,6 +133,8 @@ def test_tiled_for_cpu_products_without_grad_bfloat16_outside_a_prompt(monkeypat
         monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: True)
         with torch.inference_mode():
             x, wb = torch.randn(1, 4).bfloat16(), w.bfloat16()
+            assert kernel_choice.tiled_products(x, wb)  # a weight too small to pay oneDNN's call
+            monkeypatch.setattr(kernel_choice, "AMX_MIN_WEIGHT", 16)
             assert kernel_choice.amx_slices(x, wb) and not kernel_choice.tiled_products(x, wb)
             assert kernel_choice.tiled_products(torch.randn(1, 4), w)
             with prompt_mode():
@@ -160,12 +162,13 @@ def verify_vs_steps(dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
 @needs_onednn  # the control
 @pytest.mark.parametrize("dtype, amx", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
 def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dtype, amx):
-    """Every decode step's products run on the tiled loop or, bfloat16 on AMX, oneDNN's 32-row slices (and attention
+    """Every decode step's products run on the tiled loop or, bfloat16 on AMX, oneDNN's 16-row slices (and attention
     and norms native): a verify forward gives each token the logits of its own AR step, bit for bit; with MKL for one
     row and oneDNN for more (as a plan chosen by speed could run them until session 78) it need not."""
     if amx and not (kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16)):
         pytest.skip("no AMX bfloat16 on this CPU")
     monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: amx)
+    monkeypatch.setattr(kernel_choice, "AMX_MIN_WEIGHT", 0)  # the tiny model's weights too
     steps, verify = verify_vs_steps(dtype)
     assert torch.equal(steps, verify)
 
@@ -186,7 +189,7 @@ def test_a_verify_forward_scores_every_token_as_its_ar_step_did(monkeypatch, dty
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_bfloat16_step_product_gives_each_row_its_bits_alone(monkeypatch, threads, amx):
     """A bfloat16 decode product runs tiled.c over float32 tiles (each row the float32 sum rounded once) or, on AMX,
-    oneDNN in 32-row slices: either way each row of an r-row product is the row alone, at any r and place. Control:
+    oneDNN in 16-row slices: either way each row of an r-row product is the row alone, at any r and place. Control:
     oneDNN's bfloat16 product of SmolLM2's w2 shape (1536 -> 576) unsliced, the one that made n-gram leave AR's text
     on a bfloat16 SmolLM2, gives some row other bits at some row count."""
     if amx and not (kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16)):
