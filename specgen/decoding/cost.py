@@ -16,7 +16,7 @@ from torch import nn
 
 from specgen import native, registry
 from specgen.devices import is_cpu, module_device, now
-from specgen.models import plan_cache, quantize
+from specgen.models import kernel_choice, plan_cache, quantize
 from specgen.models.layout import layout_name
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -160,13 +160,14 @@ def path() -> Path:
 def key(timed: Timed) -> str | None:
     """machine (CPU model and flags, torch) | threads | a digest of what else a forward's time depends on: what is
     timed (`Timed.describe`: the model's config, a condition's shape), the model's layers (quantization mode and group)
-    and tensors' shapes and dtypes, its weight layout, and which native kernels run, by their sources (a changed
+    and tensors' shapes and dtypes, its weight layout, and which kernels run, by their rule and sources (a changed
     kernel measures again). None: not stored (a GPU)."""
     module = timed.module
     if not is_cpu(module_device(module)):
         return None
     tensors = [(n, list(t.shape), str(t.dtype)) for n, t in module.state_dict(keep_vars=True).items()]
-    model = json.dumps([timed.describe(), repr(module), tensors, layout_name(), quantize.VERSION, ROWS, PREFIX])
+    model = json.dumps([timed.describe(), repr(module), tensors, layout_name(), kernel_choice.cpu_rule(),
+                        quantize.VERSION, ROWS, PREFIX])
     kernels = [native.describe()] + [native.key(name, native.FLAGS) for name in native.SIGNATURES]  # their sources
     digest = hashlib.sha256("\0".join([model, *kernels]).encode()).hexdigest()[:16]
     return f"{plan_cache.machine()}|{torch.get_num_threads()}|{digest}"

@@ -113,6 +113,13 @@ def amx_slices(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and inference_on_cpu((torch.bfloat16,), x, weight) and amx_bf16() and onednn_packs(torch.bfloat16))
 
 
+def cpu_rule() -> str:
+    """Which kernel this CPU's float products take, in words: part of a stored cost curve's key (`decoding/cost.py`),
+    so a curve timed under another rule is measured again."""
+    amx = amx_bf16() and onednn_packs(torch.bfloat16)
+    return f"tiled; bfloat16 AMX slices of {AMX_SLICE_ROWS} from {AMX_MIN_WEIGHT}" if amx else "tiled"
+
+
 @functools.cache
 def amx_bf16() -> bool:
     """Whether this CPU has AMX tiles for bfloat16 (its /proc/cpuinfo flags; the kernel lets oneDNN use them)."""

@@ -20,7 +20,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
 from specgen.generate.text import TextGenConfig, draft_budget
 from specgen.methods import run_batch
-from specgen.models import plan_cache
+from specgen.models import kernel_choice, plan_cache
 from specgen.models.cache import KVCache
 from specgen.request import parse_request
 from tests.conftest import method_drafter, tiny_model
@@ -94,7 +94,7 @@ def test_a_curve_timed_while_its_thread_lost_the_core_is_used_and_not_stored(mon
     assert len(calls) == 2 and plan_cache.read(cost.path())[cost.key(cost.Tokens(model))]["cost"] == [1.0, 1.4, 3.0]
 
 
-@pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes"])
+@pytest.mark.parametrize("change", ["threads", "kernels", "sources", "shapes", "rule"])
 def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
     calls = counted_measure(monkeypatch)
     cost.cost_of(cost.Tokens(tiny_model(0)))
@@ -111,6 +111,8 @@ def test_a_changed_key_measures_again(monkeypatch, tmp_path, request, change):
             shutil.copy(f, tmp_path)
         (tmp_path / "qmm.c").write_text("/* a replaced product kernel */")
         monkeypatch.setattr(native, "SOURCE_DIR", tmp_path)
+    elif change == "rule":  # bfloat16 products on AMX slices where they were on tiled.c (or back)
+        monkeypatch.setattr(kernel_choice, "cpu_rule", lambda: "another product rule")
     else:
         model = tiny_model(0, ffn_dim=96)
     cost.cost_of(cost.Tokens(model))
