@@ -1,4 +1,5 @@
-"""The transformers peer rows (greedy, float32): `generate` plain, prompt lookup, assisted; a compiled static loop."""
+"""The transformers peer rows (greedy, in the run's float dtype): `generate` plain, prompt lookup, assisted; a compiled
+static loop."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class HfGenerate:
     """`hf`: transformers' own greedy `generate`, so specgen's AR baseline is shown not to be artificially slow."""
 
     OPTIONS: tuple[str, ...] = ()
-    lossless = True  # the same float32 weights, greedy
+    lossless = True  # the same weights, greedy (in bfloat16 its sums' order is its own: exact match may fall)
 
     @staticmethod
     def unavailable(setup: PeerSetup) -> str | None:
@@ -28,7 +29,7 @@ class HfGenerate:
 
     def __init__(self, setup: PeerSetup) -> None:
         self.options, self.setup = setup.options, setup
-        self.module = to_hf(setup.original.module)
+        self.module = to_hf(setup.original.module).to(setup.dtype)
 
     def kwargs(self) -> dict:
         """generate's keyword arguments that pick this row's decoding path."""
@@ -140,7 +141,7 @@ class HfAssisted(OneAtATime, HfGenerate):
         if tokenizer_hash(draft.tokenizer) != tokenizer_hash(setup.original.tokenizer):
             raise UsageError(f"{setup.name} row: {draft.entry.ref} does not share the tokenizer of "
                              f"{setup.original.entry.ref}")
-        self.draft = to_hf(draft.module)
+        self.draft = to_hf(draft.module).to(setup.dtype)
 
     def kwargs(self) -> dict:
         return {"assistant_model": self.draft, **{k: v for k, v in self.options.items() if k != "draft"}}

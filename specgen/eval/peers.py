@@ -24,6 +24,7 @@ class PeerSetup:
     stops: Stops
     threads: int
     device: str
+    dtype: torch.dtype = torch.float32  # transformers' rows: the run's float precision (`text_bench.peer_dtype`)
 
 
 class Peer(Protocol):

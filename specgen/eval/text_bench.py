@@ -350,14 +350,20 @@ def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: Tex
     return out
 
 
-def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel,
-             stops: Stops) -> tuple[dict[str, Peer], dict[str, str]]:
-    """The peer rows of `order` built (row -> peer), each ending at the specgen rows' `stops`, and those that cannot
-    run here (row -> the one-line reason)."""
+def peer_dtype(model: TextModel) -> torch.dtype:
+    """The dtype transformers' rows run in: the target's float precision (bfloat16, float16), else float32 (a
+    quantized target's base weights: transformers has no int8/int4 kernels of its own on a CPU)."""
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(model.precision, torch.float32)
+
+
+def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel, stops: Stops,
+             dtype: torch.dtype = torch.float32) -> tuple[dict[str, Peer], dict[str, str]]:
+    """The peer rows of `order` built (row -> peer), each ending at the specgen rows' `stops`, transformers' in
+    `dtype`, and those that cannot run here (row -> the one-line reason)."""
     built, skipped = {}, {}
     for m in (m for m in order if is_peer(m)):
         setup = PeerSetup(m, original, row_options(m, cfg), cfg.max_new_tokens, stops, torch.get_num_threads(),
-                          cfg.device)
+                          cfg.device, dtype)
         kind = PEERS[row_method(m)]
         if reason := kind.unavailable(setup):
             skipped[m] = reason
@@ -393,7 +399,7 @@ def measure(model: TextModel, p: Plan, sink, shard: Shard = Shard(), on_item=lam
         if row.spec.model_check is not None:
             row.spec.model_check(row.options, model.tokenizer)
     original = load_original(model, cfg.device)  # quality reference (nll_base, peer rows): the float32 weights
-    peers, skipped = peers_of(p.order, cfg, original, stops)
+    peers, skipped = peers_of(p.order, cfg, original, stops, peer_dtype(model))
     # a row this shard skipped when its run started stays skipped on resume, where it may run: its records lack it
     earlier = (sink.machines().get(shard.label) or {}).get("skipped") or {}
     skipped = {**{m: why if why.endswith(RESUMED) else why + RESUMED for m, why in earlier.items()}, **skipped}

@@ -54,6 +54,15 @@ def test_stdin_and_assisted_with_a_named_draft(tiny_target):  # noqa: F811
     assert "category" not in rows["ar"]  # one category: no per-category rows
 
 
+def test_transformers_rows_run_in_the_targets_dtype(tiny_target):  # noqa: F811
+    """`--dtype bfloat16`: the `hf` row loads the weights in bfloat16 too (what a user would run beside it), not the
+    float32 original: its weights read per token are AR's."""
+    r = invoke(*BENCH, "--prompts", "-", "--methods", "ar,hf", "--dtype", "bfloat16", input="HELLO WORLD\n")
+    assert r.exit_code == 0, r.output
+    rows = {row["method"]: row for row in json.loads(r.stdout)}
+    assert rows["hf"]["weight_mb_per_token"] == rows["ar"]["weight_mb_per_token"]
+
+
 def test_a_command_line_is_dry_run_without_a_recipe(tiny_target, tmp_path):  # noqa: F811
     """`benchmark --suite text --prompts F --dry-run` was refused ('--dry-run checks a recipe: give it with --config
     FILE'): the command line is checked as a recipe of no keys would be, with its options."""
