@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen import native
+from specgen.models import kernel_choice, prompt
 from specgen.models.attention import NativePlan, native_self_attention
 from specgen.models.elementwise import row_invariant
 from specgen.models.packed_linear import PackedLinear
@@ -20,7 +21,6 @@ from specgen.native import ops
 class Products:
     """How the products of one kind of layer run in the straight run (one kind per model: KINDS)."""
 
-    dtype: torch.dtype  # the activations this kind's blocks take
     ready: Callable[[tuple, int], bool]  # (the block's products, the forward's rows) -> whether all are native here
     product: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]  # (layer, x [..., in], threads) -> [..., out]
     gate: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]  # (feed-forward, x, threads) -> silu(w1 x) * w3 x
@@ -44,8 +44,30 @@ def tiled_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
     return row_invariant(F.silu, tiled_product(w["w1"], x, threads)) * tiled_product(w["w3"], x, threads)
 
 
-#: product kinds by layer class; quantize.py adds QuantizedLinear's (qmm.c) where it is defined
-KINDS: dict[type, Products] = {PackedLinear: Products(torch.float32, tiled_ready, tiled_product, tiled_gate)}
+def half_ready(lins: tuple, rows: int) -> bool:
+    """bfloat16 PackedLinears outside a prompt prefill (which runs oneDNN unsliced), tiled.c built (the kernel of
+    those `kernel_choice.amx_slices` does not take)."""
+    return native.library("tiled") is not None and not prompt.active() and all(
+        type(lin) is PackedLinear and lin._parameters["weight"].dtype == torch.bfloat16 for lin in lins)
+
+
+def half_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
+    """PackedLinear.forward of a bfloat16 decode x [..., in]: oneDNN's AMX slices, else tiled.c over float32 tiles."""
+    if kernel_choice.amx_slices(x, lin._parameters["weight"]):
+        return lin.sliced(x)
+    return ops.tiled_linear(x.float(), *lin.tiled_weight(), lin.out_features, threads).to(x.dtype)
+
+
+def half_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
+    """FeedForward's SwiGLU gate in bfloat16 (its torch ops): [..., ffn]."""
+    w = ffn._modules  # past nn.Module.__getattr__, as `linears`
+    return row_invariant(F.silu, half_product(w["w1"], x, threads)) * half_product(w["w3"], x, threads)
+
+
+#: product kinds by (layer class, activation dtype); quantize.py adds QuantizedLinear's (qmm.c) where it is defined
+KINDS: dict[tuple[type, torch.dtype], Products] = {
+    (PackedLinear, torch.float32): Products(tiled_ready, tiled_product, tiled_gate),
+    (PackedLinear, torch.bfloat16): Products(half_ready, half_product, half_gate)}
 
 
 def linears(blk) -> tuple:
@@ -71,9 +93,9 @@ def usable(blk, x: torch.Tensor, mask, cross_kv) -> Products | None:
         return None
     mods = blk._modules  # past nn.Module.__getattr__, as `linears`
     lins = linears(blk)
-    kind = KINDS.get(type(lins[0]))
+    kind = KINDS.get((type(lins[0]), x.dtype))
     cfg = mods["attention"].cfg
-    if (kind is None or x.dtype != kind.dtype or x.device.type != "cpu" or cfg.qk_norm or cfg.sandwich_norms
+    if (kind is None or x.device.type != "cpu" or cfg.qk_norm or cfg.sandwich_norms
             or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.n_experts
             or (cross_kv is not None) != ("cross_attention" in mods) or native.library("glue") is None
             or any(mods[n]._parameters["weight"].dtype != x.dtype for n in NORMS if n in mods)):

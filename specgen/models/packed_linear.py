@@ -50,13 +50,14 @@ class PackedLinear(nn.Linear):
         """oneDNN's product over GEMMs of exactly AMX_SLICE_ROWS rows: a row's bits depend on its own input only."""
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m, size = rows.shape[0], AMX_SLICE_ROWS
-        if m % size:  # [M', in], M' a multiple of the slice; a GEMM's output row reads only its own input row, so the
-            padded = rows.new_zeros(m + -m % size, rows.shape[1])  # padding never reaches a real row's bits
-            padded[:m] = rows
-            rows = padded
+        if m % size:  # [M', in], M' a multiple of the slice, zero rows added; a GEMM's output row reads only its own
+            rows = F.pad(rows, (0, 0, 0, -m % size))  # input row, so they never reach a real row's bits
         w = self.packed_weight()
-        parts = [torch.ops.mkldnn._linear_pointwise(part, w, self.bias, "none", [], "") for part in rows.split(size)]
-        out = parts[0] if len(parts) == 1 else torch.cat(parts)  # [M', out]
+        if rows.shape[0] == size:  # an AR step, a chain: one slice
+            out = torch.ops.mkldnn._linear_pointwise(rows, w, self.bias, "none", [], "")  # [M', out]
+        else:
+            out = torch.cat([torch.ops.mkldnn._linear_pointwise(part, w, self.bias, "none", [], "")
+                             for part in rows.split(size)])
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])
 
     def packed_weight(self) -> torch.Tensor:

@@ -303,7 +303,7 @@ def qmm_gate(ffn: QuantizedFeedForward, x: torch.Tensor, threads: int) -> torch.
     return ACTIVATIONS["silu"](gate) * up
 
 
-native_block.KINDS[QuantizedLinear] = native_block.Products(ACT_DTYPE, qmm_ready, qmm_product, qmm_gate)
+native_block.KINDS[QuantizedLinear, ACT_DTYPE] = native_block.Products(qmm_ready, qmm_product, qmm_gate)
 
 
 class QuantizedEmbedding(nn.Module):

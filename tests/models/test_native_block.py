@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specgen.decoding.target import ModelTarget
-from specgen.models import native_block
+from specgen.devices import onednn_packs
+from specgen.models import kernel_choice, native_block
 from specgen.models.layout import decode_layout
 from specgen.models.quantize import quantize_model
 from tests.conftest import needs_native, tiny_model
@@ -29,13 +30,14 @@ def counted_usable(monkeypatch, fast: bool) -> list:
     return taken
 
 
-def decode(monkeypatch, fast: bool, quantized: str = "", **over
+def decode(monkeypatch, fast: bool, quantized: str = "", dtype: torch.dtype = torch.float32, **over
            ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(logits of a prefill, three AR steps and a 4-node tree verify; every layer's cache keys and values; how many
-    block forwards took the native path) on a tiny float32 model (its products on tiled.c), or on it `quantized`
-    ("int8", "int4": qmm.c's products, bfloat16 activations)."""
+    block forwards took the native path) on a tiny model in `dtype` (float32: its products on tiled.c; bfloat16: on
+    tiled.c over float32 tiles or oneDNN's AMX slices), or on it `quantized` ("int8", "int4": qmm.c's products,
+    bfloat16 activations)."""
     taken = counted_usable(monkeypatch, fast)
-    model = tiny_model(1, **over)
+    model = tiny_model(1, **over).to(dtype)
     target = ModelTarget(quantize_model(model, quantized, 32) if quantized else decode_layout(model, "packed"))
     cache = target.model.new_cache(2, 32)
     logits = [target.prefill(torch.tensor([[3, 1, 4, 1], [2, 7, 1, 8]]), cache).logits]
@@ -58,6 +60,22 @@ def test_the_native_block_equals_the_module_path_bit_for_bit(monkeypatch, over):
     fast_logits, fast_kv, taken = decode(monkeypatch, True, **over)
     slow_logits, slow_kv, none = decode(monkeypatch, False, **over)
     assert taken > 0 and none == 0
+    assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
+    assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_bfloat16_block_equals_its_modules_bit_for_bit(monkeypatch, amx):
+    """The same in bfloat16: products over float32 tiles, or (`amx`, where this CPU has AMX) oneDNN's 16-row slices,
+    the tiny model's small weights too; the prefill keeps the module path (prompt mode: oneDNN unsliced)."""
+    if amx and not (kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16)):
+        pytest.skip("no AMX bfloat16 on this CPU")
+    monkeypatch.setattr(kernel_choice, "amx_bf16", lambda: amx)
+    monkeypatch.setattr(kernel_choice, "AMX_MIN_WEIGHT", 0)
+    fast_logits, fast_kv, taken = decode(monkeypatch, True, dtype=torch.bfloat16)
+    slow_logits, slow_kv, none = decode(monkeypatch, False, dtype=torch.bfloat16)
+    assert taken == 2 * 4 and none == 0  # 2 layers x (3 AR steps + the tree verify)
+    assert fast_logits[1].dtype == torch.bfloat16
     assert all(torch.equal(a, b) for a, b in zip(fast_logits, slow_logits))
     assert all(torch.equal(a, b) for a, b in zip(fast_kv, slow_kv))
 
