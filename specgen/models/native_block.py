@@ -38,10 +38,12 @@ def tiled_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Ten
     return ops.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
 
 
-def tiled_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
-    """FeedForward's SwiGLU gate (its torch ops): [..., ffn]."""
-    w = ffn._modules  # past nn.Module.__getattr__, as `linears`
-    return row_invariant(F.silu, tiled_product(w["w1"], x, threads)) * tiled_product(w["w3"], x, threads)
+def swiglu(product: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]):
+    """FeedForward's SwiGLU gate (its torch ops) over `product`: (feed-forward, x, threads) -> [..., ffn]."""
+    def gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
+        w = ffn._modules  # past nn.Module.__getattr__, as `linears`
+        return row_invariant(F.silu, product(w["w1"], x, threads)) * product(w["w3"], x, threads)
+    return gate
 
 
 def half_ready(lins: tuple, rows: int) -> bool:
@@ -58,16 +60,10 @@ def half_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tens
     return ops.tiled_linear(x.float(), *lin.tiled_weight(), lin.out_features, threads).to(x.dtype)
 
 
-def half_gate(ffn: nn.Module, x: torch.Tensor, threads: int) -> torch.Tensor:
-    """FeedForward's SwiGLU gate in bfloat16 (its torch ops): [..., ffn]."""
-    w = ffn._modules  # past nn.Module.__getattr__, as `linears`
-    return row_invariant(F.silu, half_product(w["w1"], x, threads)) * half_product(w["w3"], x, threads)
-
-
 #: product kinds by (layer class, activation dtype); quantize.py adds QuantizedLinear's (qmm.c) where it is defined
 KINDS: dict[tuple[type, torch.dtype], Products] = {
-    (PackedLinear, torch.float32): Products(tiled_ready, tiled_product, tiled_gate),
-    (PackedLinear, torch.bfloat16): Products(half_ready, half_product, half_gate)}
+    (PackedLinear, torch.float32): Products(tiled_ready, tiled_product, swiglu(tiled_product)),
+    (PackedLinear, torch.bfloat16): Products(half_ready, half_product, swiglu(half_product))}
 
 
 def linears(blk) -> tuple:

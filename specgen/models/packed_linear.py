@@ -36,11 +36,11 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
+        if amx_slices(x, w):
+            return self.sliced(x)
         if tiled_products(x, w):  # bfloat16: over float32 tiles, each sum rounded once
             out = ops.tiled_linear(x.float(), *self.tiled_weight(), self.out_features, torch.get_num_threads())
             return out.to(x.dtype)
-        if amx_slices(x, w):
-            return self.sliced(x)
         if (x.device.type == "cpu" and x.dtype == w.dtype and cpu_packable(w)
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
