@@ -35,7 +35,7 @@ def tiled_ready(lins: tuple, rows: int) -> bool:
 
 def tiled_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
     """lin(x) for x [..., in] on the tiled loop: [..., out]."""
-    return ops.tiled_linear(x, *lin.tiled_weight(), lin.out_features, threads)
+    return lin.tiled(x, threads)
 
 
 def swiglu(product: Callable[[nn.Module, torch.Tensor, int], torch.Tensor]):
@@ -55,9 +55,7 @@ def half_ready(lins: tuple, rows: int) -> bool:
 
 def half_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
     """PackedLinear.forward of a bfloat16 decode x [..., in]: oneDNN's AMX slices, else tiled.c over float32 tiles."""
-    if kernel_choice.amx_slices(x, lin._parameters["weight"]):
-        return lin.sliced(x)
-    return ops.tiled_linear(x.float(), *lin.tiled_weight(), lin.out_features, threads).to(x.dtype)
+    return lin.sliced(x) if kernel_choice.amx_slices(x, lin._parameters["weight"]) else lin.tiled(x, threads)
 
 
 #: product kinds by (layer class, activation dtype); quantize.py adds QuantizedLinear's (qmm.c) where it is defined

@@ -38,13 +38,16 @@ class PackedLinear(nn.Linear):
         w = self.weight
         if amx_slices(x, w):
             return self.sliced(x)
-        if tiled_products(x, w):  # bfloat16: over float32 tiles, each sum rounded once
-            out = ops.tiled_linear(x.float(), *self.tiled_weight(), self.out_features, torch.get_num_threads())
-            return out.to(x.dtype)
+        if tiled_products(x, w):
+            return self.tiled(x, torch.get_num_threads())
         if (x.device.type == "cpu" and x.dtype == w.dtype and cpu_packable(w)
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
         return F.linear(x, w, self.bias)
+
+    def tiled(self, x: torch.Tensor, threads: int) -> torch.Tensor:  # x [..., in] -> [..., out]
+        """The product on tiled.c over the float32 tiles (bfloat16: each sum rounded once to bfloat16)."""
+        return ops.tiled_linear(x.float(), *self.tiled_weight(), self.out_features, threads).to(x.dtype)
 
     def sliced(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         """oneDNN's product over GEMMs of exactly AMX_SLICE_ROWS rows: a row's bits depend on its own input only."""
