@@ -23,6 +23,7 @@ SLICED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 #: Rows of each bfloat16 decode product on a CPU with AMX (`amx_slices`): zero-padded slices of this many, one oneDNN
 #: GEMM shape at every row count (the GPU's SlicedLinear rule). Measured there on a bfloat16 SmolLM2 (docs/results/
 #: text.md): AR 23.7 tok/s at 16, 21.5 at 32, 19.6 at 64 (a slice's rows cost little but not nothing); its chains fit.
+#: Past one slice, a call covers two where that call gives each slice's bits (`PackedLinear.paired`, checked bitwise).
 AMX_SLICE_ROWS = 16
 #: The least weight (elements) whose products take AMX slices: below it oneDNN's ~14 us a call at one thread costs
 #: more than tiled.c's one-row product (a 512 x 512 weight: 13 us against 20; the tiny image GPT's all stay on tiled.c).
@@ -117,7 +118,7 @@ def cpu_rule() -> str:
     """Which kernel this CPU's float products take, in words: part of a stored cost curve's key (`decoding/cost.py`),
     so a curve timed under another rule is measured again."""
     amx = amx_bf16() and onednn_packs(torch.bfloat16)
-    return f"tiled; bfloat16 AMX slices of {AMX_SLICE_ROWS} from {AMX_MIN_WEIGHT}" if amx else "tiled"
+    return f"tiled; bfloat16 AMX slices of {AMX_SLICE_ROWS}, paired, from {AMX_MIN_WEIGHT}" if amx else "tiled"
 
 
 @functools.cache

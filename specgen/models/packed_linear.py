@@ -33,6 +33,7 @@ class PackedLinear(nn.Linear):
 
     _packed: tuple | None = None  # (key, packed weight); key = (storage pointer, version, dtype) of `weight`
     _tiled: tuple | None = None  # (key, (tiles, padded bias)) for native/tiled.c, keyed as `_packed`
+    _paired: tuple | None = None  # ((key, threads), whether a two-slice call gives each slice's bits): `paired`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
         w = self.weight
@@ -42,7 +43,7 @@ class PackedLinear(nn.Linear):
             return self.tiled(x, torch.get_num_threads())
         if (x.device.type == "cpu" and x.dtype == w.dtype and cpu_packable(w)
                 and not (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
+            return onednn(x, self.packed_weight(), self.bias)
         return F.linear(x, w, self.bias)
 
     def tiled(self, x: torch.Tensor, threads: int) -> torch.Tensor:  # x [..., in] -> [..., out]
@@ -52,18 +53,35 @@ class PackedLinear(nn.Linear):
         return ops.tiled_linear(x.float(), *self.tiled_weight(), self.out_features, threads).to(x.dtype)
 
     def sliced(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
-        """oneDNN's product over GEMMs of exactly AMX_SLICE_ROWS rows: a row's bits depend on its own input only."""
+        """oneDNN's product over GEMMs of AMX_SLICE_ROWS rows, or of two slices where `paired`: a row's bits depend on
+        its own input only."""
         rows = x.reshape(-1, x.shape[-1])  # [M, in]
         m, size = rows.shape[0], AMX_SLICE_ROWS
-        if m % size:  # [M', in], M' a multiple of the slice, zero rows added; a GEMM's output row reads only its own
-            rows = F.pad(rows, (0, 0, 0, -m % size))  # input row, so they never reach a real row's bits
+        if m > size and self.paired():  # 17+ rows: calls of two slices, each streaming the weights once
+            size *= 2
+        if m % size:  # [M', in], M' a multiple of the call's rows, zero rows added; a GEMM's output row reads only
+            rows = F.pad(rows, (0, 0, 0, -m % size))  # its own input row, so they never reach a real row's bits
         w = self.packed_weight()
-        if rows.shape[0] == size:  # an AR step, a chain: one slice
-            out = torch.ops.mkldnn._linear_pointwise(rows, w, self.bias, "none", [], "")  # [M', out]
+        if rows.shape[0] == size:  # an AR step, a chain: one call
+            out = onednn(rows, w, self.bias)  # [M', out]
         else:
-            out = torch.cat([torch.ops.mkldnn._linear_pointwise(part, w, self.bias, "none", [], "")
-                             for part in rows.split(size)])
+            out = torch.cat([onednn(part, w, self.bias) for part in rows.split(size)])
         return out[:m].reshape(*x.shape[:-1], out.shape[-1])
+
+    def paired(self) -> bool:
+        """Whether oneDNN's call over two slices gives every row the bits of its own slice's call, for this weight at
+        this thread count: checked bitwise on random rows once per weight and thread count (its kernel, and so each
+        row's order of sums, is chosen by the shapes, not the values; SmolLM2's shapes pass at 1 and 2 threads, 48
+        rows and more do not: docs/results/text.md). One pass over the weights then serves 17-32 rows, not two."""
+        key = (self.weight_key(), torch.get_num_threads())
+        if self._paired is None or self._paired[0] != key:
+            w, size = self.packed_weight(), AMX_SLICE_ROWS
+            rows = torch.randn(2 * size, self.in_features, generator=torch.Generator().manual_seed(0))
+            rows = rows.to(self._parameters["weight"].dtype)  # [2 slices, in]
+            both = onednn(rows, w, self.bias)
+            each = [onednn(part, w, self.bias) for part in rows.split(size)]
+            self._paired = (key, torch.equal(both, torch.cat(each)))
+        return self._paired[1]
 
     def packed_weight(self) -> torch.Tensor:
         """The oneDNN-packed copy of `weight` (opaque tensor), remade when the weight changed."""
@@ -94,6 +112,11 @@ class PackedLinear(nn.Linear):
     def __getstate__(self) -> dict:
         """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""
         return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled")}
+
+
+def onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's product of x [..., in] with a packed weight (`PackedLinear.packed_weight`): [..., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def pack_linears(module: nn.Module) -> nn.Module:

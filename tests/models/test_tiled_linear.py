@@ -220,6 +220,40 @@ def test_a_bfloat16_step_product_gives_each_row_its_bits_alone(monkeypatch, thre
         torch.set_num_threads(before)
 
 
+@needs_onednn
+def test_two_slices_run_as_one_call_only_where_that_call_gives_each_slices_bits(monkeypatch):
+    """17-32 rows run as one oneDNN call of two slices where `paired` found that call bitwise the two slices' calls
+    (one pass over the weights), else as two calls. Control: a product whose rows move with the call's row count
+    fails the check, and its rows then stay the bits of 16-row calls."""
+    if not onednn_packs(torch.bfloat16):
+        pytest.skip("this CPU's oneDNN does not pack bfloat16")
+    torch.manual_seed(0)
+    lin = pack_linears(nn.Linear(64, 48).to(torch.bfloat16))
+    x = torch.randn(20, 64).bfloat16()
+    calls = []
+    real = packed_linear.onednn
+
+    def counted(rows, w, bias):
+        calls.append(rows.shape[0])
+        return real(rows, w, bias)
+
+    def by_count(rows, w, bias):  # the control: every row's bits depend on the call's row count
+        calls.append(rows.shape[0])
+        return real(rows, w, bias) + rows.shape[0] * 1e-2
+
+    with torch.inference_mode():
+        alone = torch.cat([lin.sliced(x[i:i + 1]) for i in range(20)])
+        monkeypatch.setattr(packed_linear, "onednn", counted)
+        got = lin.sliced(x)
+        assert torch.equal(got, alone) and calls[-1] == (32 if lin.paired() else 16)
+        lin._paired = None
+        monkeypatch.setattr(packed_linear, "onednn", by_count)
+        alone = torch.cat([lin.sliced(x[i:i + 1]) for i in range(20)])
+        assert not lin.paired()
+        calls.clear()
+        assert torch.equal(lin.sliced(x), alone) and calls == [16, 16]
+
+
 def test_a_fake_product_goes_through_torch_ops():
     """ops.tiled_linear on a fake tensor takes the op's fake kernel (its shape), never the C kernel's pointers."""
     from torch._subclasses.fake_tensor import FakeTensorMode
