@@ -20,7 +20,7 @@ from specgen.data.prompts import Prompt, PromptSourceError, encode, read_prompt_
 from specgen.decoding.cost import Tokens, cost_of
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stops import Stops, text_stops
-from specgen.devices import now, on_gpu
+from specgen.devices import DTYPES, now, on_gpu
 from specgen.errors import UnknownNameError, UsageError
 from specgen.eval import json_shape
 from specgen.eval.graph_use import GraphUse
@@ -353,7 +353,7 @@ def with_quality(runs: dict[str, Run], prompt: list[int], problem, original: Tex
 def peer_dtype(model: TextModel) -> torch.dtype:
     """The dtype transformers' rows run in: the target's float precision (bfloat16, float16), else float32 (a
     quantized target's base weights: transformers has no int8/int4 kernels of its own on a CPU)."""
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(model.precision, torch.float32)
+    return DTYPES.get(model.precision, torch.float32)
 
 
 def peers_of(order: list[str], cfg: TextBenchConfig, original: TextModel, stops: Stops,
