@@ -106,12 +106,18 @@ def tiled_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def amx_slices(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a CPU bfloat16 decode product runs oneDNN in AMX_SLICE_ROWS-row slices: a weight of AMX_MIN_WEIGHT or
-    more, grad mode off, outside a prompt prefill, on a CPU with AMX bfloat16 tiles whose oneDNN packs bfloat16. One
-    GEMM shape keeps a row's bits whatever the rows beside it, as tiled.c's one kernel does (tested bitwise), and the
-    choice is the weight's, whatever the rows; AMX makes a slice's 16 rows cost about one."""
-    return (weight.dtype == torch.bfloat16 and weight.numel() >= AMX_MIN_WEIGHT and not prompt.active()
-            and inference_on_cpu((torch.bfloat16,), x, weight) and amx_bf16() and onednn_packs(torch.bfloat16))
+    """Whether a CPU bfloat16 decode product runs oneDNN in AMX_SLICE_ROWS-row slices: an `amx_weight`, grad mode off,
+    outside a prompt prefill. One GEMM shape keeps a row's bits whatever the rows beside it, as tiled.c's one kernel
+    does (tested bitwise), and the choice is the weight's, whatever the rows; AMX makes a slice's 16 rows cost about
+    one."""
+    return amx_weight(weight) and not prompt.active() and inference_on_cpu((torch.bfloat16,), x, weight)
+
+
+def amx_weight(weight: torch.Tensor) -> bool:
+    """The weight's half of `amx_slices`: bfloat16, AMX_MIN_WEIGHT elements or more, on a CPU with AMX bfloat16 tiles
+    whose oneDNN packs bfloat16 (the straight run asks only this: its blocks checked the rest)."""
+    return (weight.dtype == torch.bfloat16 and weight.numel() >= AMX_MIN_WEIGHT and amx_bf16()
+            and onednn_packs(torch.bfloat16))
 
 
 def cpu_rule() -> str:

@@ -54,8 +54,9 @@ def half_ready(lins: tuple, rows: int) -> bool:
 
 
 def half_product(lin: PackedLinear, x: torch.Tensor, threads: int) -> torch.Tensor:
-    """PackedLinear.forward of a bfloat16 decode x [..., in]: oneDNN's AMX slices, else tiled.c over float32 tiles."""
-    return lin.sliced(x) if kernel_choice.amx_slices(x, lin._parameters["weight"]) else lin.tiled(x, threads)
+    """PackedLinear.forward of a bfloat16 decode x [..., in] (`usable` and `half_ready` checked grad mode, the device
+    and the prefill): oneDNN's AMX slices, else tiled.c over float32 tiles."""
+    return lin.sliced(x) if kernel_choice.amx_weight(lin._parameters["weight"]) else lin.tiled(x, threads)
 
 
 #: product kinds by (layer class, activation dtype); quantize.py adds QuantizedLinear's (qmm.c) where it is defined
