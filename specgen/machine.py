@@ -58,7 +58,8 @@ def float_path() -> dict:
         return {"path": f"MKL, {name} layout", "why": why}
     if native.library("tiled") is None:
         return {"path": "packed layout, oneDNN", "why": "native tiled not built: a row's bits depend on its batch"}
-    bf16 = (f"weights from 2^18 elements oneDNN AMX, steps in {kernel_choice.AMX_SLICE_ROWS}-row slices"
+    bf16 = (f"weights from 2^18 elements oneDNN AMX, steps in {kernel_choice.AMX_SLICE_ROWS}-row slices, two a call "
+            "where that gives each slice's bits"
             if kernel_choice.amx_bf16() and onednn_packs(torch.bfloat16) else "native tiled, prompts oneDNN")
     return {"path": f"packed layout, native tiled (bfloat16: {bf16})",
             "why": "one kernel shape at every row count, so a row's bits do not depend on its verify width"}
