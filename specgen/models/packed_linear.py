@@ -110,8 +110,9 @@ class PackedLinear(nn.Linear):
         return w.data_ptr(), None if w.is_inference() else w._version, w.dtype
 
     def __getstate__(self) -> dict:
-        """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage); remade on use."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled")}
+        """deepcopy / pickle without the packed and tiled copies (an opaque tensor has no storage) and the `paired`
+        verdict, all keyed by the original's storage; remade on use."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_packed", "_tiled", "_paired")}
 
 
 def onednn(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
