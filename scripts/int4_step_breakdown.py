@@ -40,7 +40,9 @@ class CountOps(TorchDispatchMode):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
-    threads = ap.parse_args().threads
+    ap.add_argument("--reps", type=int, default=100, help="forwards a timing (best of 3)")
+    args = ap.parse_args()
+    threads, reps = args.threads, args.reps
     torch.set_num_threads(threads)
     tm = load_text_model("smollm2-135m", "cpu", quantize="int4")
     model = tm.target.model
@@ -51,7 +53,7 @@ def main() -> None:
     tok, pos = torch.tensor([[5]]), torch.tensor([[prompt.shape[1]]])
 
     @torch.inference_mode()
-    def forward_ms(reps: int = 100) -> float:
+    def forward_ms() -> float:
         for _ in range(5):
             model(tok, pos, cache)
         best = float("inf")
@@ -67,7 +69,7 @@ def main() -> None:
     print(f"prompt {prompt.shape[1]} tokens; one AR forward runs {sum(counted.ops.values())} aten ops "
           f"({counted.ops['qmm'] + counted.ops['_weight_int4pack_mm_for_cpu']} quantized products on "
           f"{'qmm.c' if counted.ops['qmm'] else 'torch'}, {model.cfg.n_layers} layers); "
-          f"ms per forward, best of 3 x 100, {threads} thread(s); attention and row ops: {native.describe()}")
+          f"ms per forward, best of 3 x {reps}, {threads} thread(s); attention and row ops: {native.describe()}")
     whole = forward_ms()
     print(f"whole forward                          {whole:6.2f}")
     zeros: dict = {}
@@ -81,17 +83,18 @@ def main() -> None:
         return run
 
     product = stub(lambda lin: lin.out_features)
-    kind = native_block.KINDS[Q.QuantizedLinear]  # the straight run's quantized products (models/native_block.py)
+    KEY = (Q.QuantizedLinear, Q.ACT_DTYPE)  # KINDS is keyed by layer class and activation dtype
+    kind = native_block.KINDS[KEY]  # the straight run's quantized products (models/native_block.py)
     Q.QuantizedLinear.forward = lambda self, x: product(self, x, 1)  # the head
     Q.qmm_product = product  # as the gate calls it
-    native_block.KINDS[Q.QuantizedLinear] = replace(kind, product=product)
+    native_block.KINDS[KEY] = replace(kind, product=product)
     rest = forward_ms()
     print(f"  quantized products stubbed           {rest:6.2f}   (products {whole - rest:5.2f})")
     native_block.native_self_attention = lambda qkv, rot, kc, vc, p: p.out.view(*qkv.shape[:2], -1)  # its buffer
     no_core = forward_ms()
     print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f}: with RoPE "
           "and the KV write)")
-    native_block.KINDS[Q.QuantizedLinear] = replace(native_block.KINDS[Q.QuantizedLinear],
+    native_block.KINDS[KEY] = replace(native_block.KINDS[KEY],
                                                     gate=stub(lambda ffn: ffn.hidden))
     floor = forward_ms()
     print(f"  + SwiGLU gate stubbed                {floor:6.2f}   (split, silu, mul {no_core - floor:5.2f}; what is "

@@ -54,6 +54,17 @@ def test_the_graphs_step_ends_with_issue_46s_goals(monkeypatch, capsys):
 
 
 @pytest.mark.slow
+def test_the_int4_step_breakdown_stubs_each_part_of_the_straight_run():
+    """precision.md's int4 step split runs against today's straight run (it looked products up by a key that had
+    changed): the whole forward and one line a stubbed part, each with its milliseconds."""
+    out = subprocess.run([sys.executable, "scripts/int4_step_breakdown.py", "--reps", "2"], capture_output=True,
+                         text=True, cwd=ROOT, check=True).stdout
+    lines = [re.split(r"\s{2,}", line.strip())[0] for line in out.splitlines()[1:]]
+    assert lines == ["whole forward", "quantized products stubbed", "+ attention core stubbed", "+ SwiGLU gate stubbed"]
+    assert "121 quantized products on qmm.c" in out or "on torch" in out
+
+
+@pytest.mark.slow
 def test_the_profile_step_reports_each_case_on_the_cpu():
     """The GPU check's profile step at tiny sizes (`--device cpu`, which measures nothing): every case's step line, its
     top kernels (a kernel's share of the step at most 1) and its top Python functions by their own time."""
