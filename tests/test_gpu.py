@@ -18,8 +18,8 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods.options import JacobiOptions, NgramOptions
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from tests.conftest import decode
-from tests.conftest import (GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, MOE, OLMO2, SLIDING,
-                            method_drafter, tiny_model, unwindowed)
+from tests.conftest import (EXAONE4, GEMMA, GEMMA1, GEMMA2, LOSSLESS_IMAGE, LOSSLESS_TEXT, MOE, OLMO2, QWEN2_MOE,
+                            SLIDING, method_drafter, tiny_model, unwindowed)
 
 pytestmark = pytest.mark.gpu
 
@@ -200,8 +200,15 @@ TARGETS = {
     # Mixtral's routed experts: eager forwards route each expert's rows (host reads), captured steps run every expert
     # over every row and gather each row's k (models/moe.py: the same bits under row-invariant products)
     "moe": (MOE, NEW),
-    # (Granite's block runs no kernel these do not: Gemma 1's scaled embedding in Llama's block, a division in the
-    # captured head; its CPU twin in tests/models/test_graphs.py. The gpu-tests step has 140 s for all of them)
+    # Qwen2-MoE's: q/k/v biases on the sliced products (Qwen2's and Qwen2.5-Coder's dense blocks have them too), a
+    # shared expert gated per row by a sigmoid beside the routed ones
+    "qwen2-moe": (QWEN2_MOE, NEW),
+    # EXAONE 4's: OLMo 2's norms with per-head q/k norms, layer 0 sliding past its window, layer 1 without RoPE
+    "exaone4": (EXAONE4, 40),
+    # (Granite's, OLMo 3's and OLMoE's blocks run no kernel these do not: Gemma 1's scaled embedding in Llama's
+    # block and a division in the captured head; OLMo 2's block with a sliding layer of its own RoPE base; OLMo 2's
+    # whole-span q/k norms before routed experts. Their CPU twins are in tests/models/test_graphs.py. The gpu-tests
+    # step has 140 s for all of them)
     # local layers sliding over a window of 5-6 positions, decoded well past it: the captured steps build their
     # windowed lists in the graph (the Triton attention_plan of the windowed visibility, no host read)
     **{f"sliding-{kind}": (over, 40) for kind, over in SLIDING.items()},
