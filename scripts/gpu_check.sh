@@ -42,8 +42,8 @@ if runs graphs; then
     warm=$!
 fi
 # a test module that cannot import (a missing wheel: trimesh) fails alone, not the whole collection
-# 120 gpu tests (53 s for 60 at the sixth lease, 55 s for 125 at the seventh; since, the method table's text methods at
-# both option defaults through graphs, less the one-launch products' in session 68):
+# 183 gpu tests (53 s for 60 at the sixth lease, 55 s for 125 at the seventh; since, the method table's text methods at
+# both option defaults through graphs and more targets' blocks, less the one-launch products' in session 68):
 # a test file a process, four at once where pytest-xdist imports (its wheels in .whl/: execnet, pytest-xdist), so the
 # files' Triton compiles run side by side
 # the four default steps' limits sum to 580 s: the device tool's 600 s a command, less the set-up
