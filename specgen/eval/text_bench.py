@@ -111,9 +111,10 @@ def row_model(row: str) -> str | None:
 
 
 def row_options(row: str, cfg: TextBenchConfig) -> dict:
-    """A row's method options: the method's own, updated by the variant row's."""
+    """A row's method options: the method's own, updated by its variant's (`ngram:cache` for `ngram:cache@NAME`),
+    then by the row's own entry."""
     base, table = row_method(row), options_table(cfg)
-    return {**table.get(base, {}), **table.get(row, {})}
+    return {**table.get(base, {}), **table.get(row.split("@")[0], {}), **table.get(row, {})}
 
 
 def entries_of(cfg: TextBenchConfig) -> Entries:

@@ -19,6 +19,18 @@ def test_at_tag_is_a_variant_row_like_colon_tag():
     assert decoded_model("pcllm@n8", cfg(targets={"pcllm@n8": "other"})) == "other"
 
 
+def test_a_variant_row_on_another_model_keeps_the_variants_options():
+    """`ngram:cache@NAME` is the `ngram:cache` variant decoding NAME: its options are the variant's (they were the
+    method's alone, so a bfloat16 `ngram:cache@` row ran without its cache), a row's own entry over them."""
+    c = cfg(method_options={"ngram": {"num_draft": 4, "budget": "fixed"}, "ngram:cache": {"cache": "smollm2-135m"},
+                            "ngram:auto@smollm2-135m+bf16": {"budget": "auto"}})
+    assert row_options("ngram:cache@smollm2-135m+bf16", c) == {"num_draft": 4, "budget": "fixed",
+                                                                "cache": "smollm2-135m"}
+    assert row_options("ngram:auto@smollm2-135m+bf16", c) == {"num_draft": 4, "budget": "auto"}
+    assert row_options("ngram@smollm2-135m+bf16", c) == {"num_draft": 4, "budget": "fixed"}  # the control
+    assert row_model("ngram:cache@smollm2-135m+bf16") == "smollm2-135m+bf16"
+
+
 @pytest.mark.parametrize("row, model", [
     ("ar@anything", "anything"),  # ar@ rows always name the model (the exact-match reference rows)
     ("pcllm@smollm2-135m", "smollm2-135m"),  # a built-in
