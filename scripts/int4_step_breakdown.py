@@ -83,18 +83,18 @@ def main() -> None:
         return run
 
     product = stub(lambda lin: lin.out_features)
-    key = (Q.QuantizedLinear, Q.ACT_DTYPE)  # KINDS is keyed by layer class and activation dtype
-    kind = native_block.KINDS[key]  # the straight run's quantized products (models/native_block.py)
+    kinds_key = (Q.QuantizedLinear, Q.ACT_DTYPE)  # KINDS is keyed by layer class and activation dtype
+    kind = native_block.KINDS[kinds_key]  # the straight run's quantized products (models/native_block.py)
     Q.QuantizedLinear.forward = lambda self, x: product(self, x, 1)  # the head
     Q.qmm_product = product  # as the gate calls it
-    native_block.KINDS[key] = replace(kind, product=product)
+    native_block.KINDS[kinds_key] = replace(kind, product=product)
     rest = forward_ms()
     print(f"  quantized products stubbed           {rest:6.2f}   (products {whole - rest:5.2f})")
     native_block.native_self_attention = lambda qkv, rot, kc, vc, p: p.out.view(*qkv.shape[:2], -1)  # its buffer
     no_core = forward_ms()
     print(f"  + attention core stubbed             {no_core:6.2f}   (attention core {rest - no_core:5.2f}: with RoPE "
           "and the KV write)")
-    native_block.KINDS[key] = replace(native_block.KINDS[key], gate=stub(lambda ffn: ffn.hidden))
+    native_block.KINDS[kinds_key] = replace(native_block.KINDS[kinds_key], gate=stub(lambda ffn: ffn.hidden))
     floor = forward_ms()
     print(f"  + SwiGLU gate stubbed                {floor:6.2f}   (split, silu, mul {no_core - floor:5.2f}; what is "
           "left: norms, residuals, embedding, RoPE table, plan, Python)")
