@@ -8,7 +8,8 @@
 # stop the next.
 #
 # On a bare GPU machine with PyTorch but without this project's lighter dependencies, put their wheels in .whl/
-# (omegaconf, antlr4-python3-runtime, trimesh, gguf) and they are installed to /tmp/site first.
+# (omegaconf, antlr4-python3-runtime==4.9.3, trimesh, gguf; pytest-xdist and execnet to run the gpu tests' files four at
+# once) and they are installed to /tmp/site first: `pip wheel -q --no-deps -w .whl NAME...` on a machine with an index.
 # Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone.
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
