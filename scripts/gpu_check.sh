@@ -11,6 +11,9 @@
 # (omegaconf, antlr4-python3-runtime==4.9.3, trimesh, gguf; pytest-xdist and execnet to run the gpu tests' files four at
 # once) and they are installed to /tmp/site first: `pip wheel -q --no-deps -w .whl NAME...` on a machine with an index.
 # Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone.
+# A short rerun narrows the steps: SUITES (gpu_graphs.py's, default text,image,mesh,scale; its `hf-compiled` warm-up
+# runs only with text), MESH_TREES (more candidate trees its mesh suite times) and TESTS and PROFILE (pytest's `-k`
+# expression, gpu_profile.py's suites), e.g. `ONLY="gpu-tests graphs profile" SUITES=image,mesh TESTS=mesh PROFILE=mesh`.
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=250
@@ -38,7 +41,8 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # the `hf-compiled` peer's compile (minutes, at the end of the graphs step's limit at the sixth lease) runs first in a
 # process of its own beside the gpu tests (4 of the host's cores), untimed: the graphs step's compile then reads
 # Inductor's on-disk caches
-if runs graphs; then
+SUITES=${SUITES:-text,image,mesh,scale}
+if runs graphs && [[ ",$SUITES," == *,text,* ]]; then
     TORCHINDUCTOR_COMPILE_THREADS=4 timeout 140 python3 scripts/gpu_graphs.py --only hf-warm >"$OUT/hf-warm.log" 2>&1 &
     warm=$!
 fi
@@ -50,15 +54,15 @@ fi
 # the four default steps' limits sum to 580 s: the device tool's 600 s a command, less the set-up
 par=$(python3 -c 'import xdist' >/dev/null 2>&1 && echo "-n 4 --dist loadfile")
 [ -n "$SKIP_TESTS" ] || step gpu-tests 140 python3 -m pytest -m gpu tests -v -rfE -p no:cacheprovider \
-    --continue-on-collection-errors $par
+    --continue-on-collection-errors $par ${TESTS:+-k "$TESTS"}
 [ -z "$warm" ] || { wait "$warm"; echo "hf-warm rc $?: $(grep -o '"warmup_s": [0-9.]*' "$OUT/hf-warm.log")"; }
 # the graphs step (the issue's table) gets what the steps before it left of the 580 s, less the 130 s of the two after
 # it, and never under 340 s
 left=$((580 - SECONDS - 130))
 limit=$((left > 340 ? left : 340))
-step graphs $limit python3 scripts/gpu_graphs.py --only text,image,mesh,scale --json "$OUT/graphs.json" \
-    --deadline $limit
-step profile 90 python3 scripts/gpu_profile.py
+step graphs $limit python3 scripts/gpu_graphs.py --only "$SUITES" --json "$OUT/graphs.json" \
+    --deadline $limit ${MESH_TREES:+--mesh-trees $MESH_TREES}
+step profile 90 python3 scripts/gpu_profile.py ${PROFILE:+--only "$PROFILE"}
 step sync-count 40 python3 scripts/gpu_sync_count.py --device cuda
 step attention 80 python3 scripts/gpu_graphs.py --only attention --json "$OUT/attention.json"
 step images 150 specgen benchmark --config recipes/tiny/bench-images-batch.yaml --device cuda --threads 0 \

@@ -353,6 +353,7 @@ def image_rows(num: int) -> None:
                 # two levels more inside the one growth replay (TPF 5.16 -> 5.55 at 31 nodes, image.md): against the
                 # default row it times a drafter level, the step model's 0.066 ms (gpu.md)
                 ("eagle2 depth 8", "eagle2", {"depth": 8}))
+        rows += (("ar, again", "ar", {}),)  # AR again last: how far the host's speed drifted during the suite
         for label, method, options in rows[: 1 if mode == "off" else None]:  # eager: AR alone, the ratios' base
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)
@@ -382,7 +383,8 @@ def captures(im) -> int:
     return sum(m.graphs.captures for m in (im.model, im.drafter_net) if m is not None and m.graphs is not None)
 
 
-def mesh_rows(num: int) -> None:
+def mesh_rows(num: int, trees: tuple[str, ...] = ()) -> None:
+    """The mesh suite; `trees`: more candidate-tree shapes, timed with graphs on after the goal's (`--mesh-trees`)."""
     from specgen.decoding.sampling import SamplingParams as SP
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.generate.mesh import load_mesh_model
@@ -403,9 +405,13 @@ def mesh_rows(num: int) -> None:
     for mode in ("off", "on"):
         attach(dec.model.decoder, mode)
         attach(dec.heads, mode)  # the heads' step a replay too
+        more = [(f"{MESH_GOAL.split(' candidate_tree')[0]} candidate_tree={shape}", dec,
+                 dataclasses.replace(vertex, candidate_tree=shape)) for shape in (trees if mode == "on" else ())]
+        # AR again last: how far the host's speed drifted during the suite (gpu.md: ratios within ~10% are equal)
+        again = [("ar, again", ar_dec, opts)] if mode == "on" else []
         for name, d, o in (("ar", ar_dec, opts), ("xspecmesh criterion=rejection", dec, opts),
                            ("xspecmesh criterion=rejection vertex_lookup", dec, vertex),
-                           (MESH_GOAL, dec, tree)):
+                           (MESH_GOAL, dec, tree), *more, *again):
             d.generate_batch(clouds, params, budget, o)  # a first run captures every shape the timed one meets
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, o))
             toks = [r.tokens for r in res]
@@ -591,6 +597,8 @@ def main() -> None:
     ap.add_argument("--meshes", type=int, default=8)
     ap.add_argument("--only", default="text,image,mesh,scale,attention")
     ap.add_argument("--json", default="")
+    ap.add_argument("--mesh-trees", nargs="*", default=[], metavar="WIDTHS",
+                    help=f"more candidate trees (e.g. 6,1,1,1) timed with graphs on beside {MESH_TREE}")
     ap.add_argument("--deadline", type=float, default=0.0, help="the caller's time limit in seconds (0: none)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU (checks the script, measures nothing)")
     args = ap.parse_args()
@@ -603,7 +611,7 @@ def main() -> None:
     DEADLINE["s"] = args.deadline
     print(f"device {device}, torch {torch.__version__}, cuda {torch.version.cuda}", flush=True)
     suites = {"text": lambda: text_rows(args.new), "image": lambda: image_rows(args.images),
-              "mesh": lambda: mesh_rows(args.meshes), "scale": scale_rows,
+              "mesh": lambda: mesh_rows(args.meshes, tuple(args.mesh_trees)), "scale": scale_rows,
               "attention": lambda: (attention_rows(), product_rows()), "hf-warm": lambda: hf_warm(args.new)}
     for name in args.only.split(","):
         guarded(name, suites[name])

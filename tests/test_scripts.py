@@ -191,7 +191,8 @@ def test_the_gpu_checks_test_step_runs_the_gpu_tests_when_a_test_module_cannot_i
 
 def test_the_gpu_check_compiles_the_hf_peer_beside_the_tests_and_waits_for_it_before_the_graphs_step(tmp_path):
     """The `hf-compiled` peer's compile runs in its own process while the gpu tests run, and the graphs step (which
-    times rows) starts only after it ends; a run without the graphs step starts no such process."""
+    times rows) starts only after it ends; a run without the graphs step, or whose graphs step has no text suite
+    (`SUITES`), starts no such process."""
     if (ROOT / ".whl").exists():
         pytest.skip("the script would install the checkout's .whl/ wheels first")
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -201,9 +202,11 @@ def test_the_gpu_check_compiles_the_hf_peer_beside_the_tests_and_waits_for_it_be
     for name, body in (("python3", fake), ("nvidia-smi", "true")):
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
-    for only, warmed in (("gpu-tests graphs", True), ("gpu-tests profile", False)):
+    for only, suites, warmed in (("gpu-tests graphs", "", True), ("gpu-tests profile", "", False),
+                                 ("gpu-tests graphs", "image,mesh", False)):
         calls.write_text("")
-        env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "ONLY": only}
+        env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), "ONLY": only,
+                            "SUITES": suites}
         subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, timeout=60)
         lines = calls.read_text().splitlines()
         at = {what: next((i for i, ln in enumerate(lines) if ln.startswith(what)), None)
@@ -214,6 +217,7 @@ def test_the_gpu_check_compiles_the_hf_peer_beside_the_tests_and_waits_for_it_be
             assert starts_warm is not None and tests < ends_warm < graphs, lines  # beside the tests, done before
         else:
             assert starts_warm is None and tests is not None, lines
+            assert not suites or any(f"gpu_graphs.py --only {suites} " in ln for ln in lines), lines
 
 
 def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monkeypatch, capsys):
