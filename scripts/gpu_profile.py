@@ -6,7 +6,7 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
   image rows);
-- mesh AR and lossless XSpecMesh (vertex lookup, candidate tree `MESH_TREE`) at batch 1: the shipped tiny mesh model
+- mesh AR and lossless XSpecMesh (vertex lookup, as a chain and as the candidate tree `MESH_TREE`) at batch 1: the shipped tiny mesh model
   and its heads (gpu_graphs.py's mesh goal row).
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
@@ -168,8 +168,8 @@ def image_case(device: str, top: int) -> None:
 
 
 def mesh_case(device: str, top: int) -> None:
-    """Mesh AR and lossless XSpecMesh with vertex lookup and a candidate tree at batch 1 (gpu_graphs.py's goal row):
-    the heads' share of a step, and what a verify of up to 64 rows costs against AR's one."""
+    """Mesh AR and lossless XSpecMesh with vertex lookup at batch 1, as a chain (gpu_graphs.py's goal row) and as a
+    candidate tree: the heads' share of a step, and what a verify of up to 64 rows costs against AR's one."""
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
@@ -179,12 +179,14 @@ def mesh_case(device: str, top: int) -> None:
     for model in (dec.model.decoder, dec.heads):
         graphs.attach(model, "on", capture=captures(device))
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 2, 0, device)]
-    lossless = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True,
-                                candidate_tree=MESH_TREE)
-    for decoder, name in ((MeshDecoder(dec.model, None, dec.eos_id), "mesh AR, batch 1"),
-                          (dec, f"mesh XSpecMesh (lossless, vertex lookup, candidate tree {MESH_TREE}), batch 1")):
-        def run(decoder=decoder):
-            results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, lossless)
+    chain = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True)
+    tree = dataclasses.replace(chain, candidate_tree=MESH_TREE)
+    for decoder, opts, name in (
+            (MeshDecoder(dec.model, None, dec.eos_id), chain, "mesh AR, batch 1"),
+            (dec, chain, "mesh XSpecMesh (lossless, vertex lookup), batch 1"),
+            (dec, tree, f"mesh XSpecMesh (lossless, vertex lookup, candidate tree {MESH_TREE}), batch 1")):
+        def run(decoder=decoder, opts=opts):
+            results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, opts)
             return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))
 
         report(name, *profiled(run, device, [dec.model.decoder, dec.heads]), device, top)
