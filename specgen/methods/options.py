@@ -217,16 +217,15 @@ class LanternTreeOptions(LanternOptions, TreeOptions):
 class AdtOptions(Options):
     """ADT-Tree (`adt-tree`, `methods/adt_tree.AdtPolicy`), with the shipped model's tree defaults."""
 
-    # on a GPU a drafter level costs a small part of a 31-node step and the verify nothing more for its nodes: trees go
-    # deeper after most of a tree is accepted (beta 0.75), narrow and widen a step at a time and stay at most 7 wide
-    # (the settings measured: docs/results/image.md, "ADT-Tree's options where a verify is free")
-    beta: float = opt(1.0, POS_NUMBER, gpu=0.75)
+    # one adaptation on every device: session 63's deeper GPU steps (beta 0.75, l_k 1, k_max 8; 8% more tokens a step)
+    # cost an H200's host 0.24-0.30 ms a step more drafting, ~10% slower at the eighth lease (docs/results/gpu.md)
+    beta: float = opt(1.0, POS_NUMBER)
     l_d: int = opt(1, int_at_least(0))
-    l_k: int = opt(2, int_at_least(0), gpu=1)
+    l_k: int = opt(2, int_at_least(0))
     d_min: int = opt(0, int_at_least(0))
     d_max: int = opt(10, int_at_least(1))
     k_min: int = opt(1, int_at_least(0))
-    k_max: int = opt(12, int_at_least(1), gpu=8)
+    k_max: int = opt(12, int_at_least(1))
     d0: int = opt(4, int_at_least(1))
     k0: int = opt(4, int_at_least(1))
     total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)
