@@ -53,6 +53,7 @@ from specgen.decoding.target import ModelTarget
 from specgen.methods import get_method, run_batch
 from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
+from specgen.methods import xspecmesh_pool
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
 from specgen.models.sliced_linear import SlicedLinear
@@ -176,6 +177,8 @@ def emulate_captures() -> None:
 
     Traced.replay = uncounted
     graphs.StepGraphs.captured = counted
+    # lossless XSpecMesh's greedy steps as a GPU runs them: the heads' next candidates read with the verdict's picks
+    xspecmesh_pool.ONE_READ = xspecmesh_pool.ONE_READ | {"cpu"}
 
 
 def cuda_kernels(step, lines: Counter | None = None) -> int:
