@@ -78,13 +78,14 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def first_runs(fn) -> float:
-    """Seconds of a row's first run, which captures every shape the timed run meets, then one more untimed run: each
-    capture empties the allocator's cache (`torch.cuda.graph`), so a first run's eager ops leave few blocks cached,
-    and the eighth lease's rows right after many captures ran their eager phases (prefill, verify, commit) up to ~2x
-    slower than the same work later in the suite (gpu.md)."""
+def first_runs(fn, captured: bool = True) -> float:
+    """Seconds of a row's first run, which captures every shape the timed run meets, then (`captured`: graphs on) one
+    more untimed run: each capture empties the allocator's cache (`torch.cuda.graph`), so a first run's eager ops
+    leave few blocks cached, and the eighth lease's first tree rows ran their eager phases (prefill, verify, commit)
+    up to ~2x slower than the same work later in the suite (gpu.md)."""
     first_s = timed(fn)[1]
-    fn()
+    if captured:
+        fn()
     return first_s
 
 
@@ -150,7 +151,7 @@ def text_rows(new: int) -> None:
         """(result, seconds, first-run facts) of a second run of the same prompts: the first captures every shape
         they meet (widths, buckets), a one-time cost reported apart, and the timed run should capture none."""
         held = g.captures if g else 0
-        first_s = first_runs(lambda: run(drafter, ps, b))
+        first_s = first_runs(lambda: run(drafter, ps, b), g is not None)
         held, first = (g.captures, g.captures - held) if g else (0, 0)
         res, s = timed(lambda: run(drafter, ps, b))
         return res, s, {"first_run_s": first_s, "first_run_captures": first,
@@ -371,7 +372,7 @@ def image_rows(num: int) -> None:
             cfg = ImageGenConfig(method=method, num=num, temperature=0.0, device=DEVICE, batch_size=1,
                                  method_options=options)
             held = captures(im)  # a first run of the same images captures every shape they meet (ADT-Tree's vary)
-            first_s = first_runs(lambda: generate_images(im, cfg))
+            first_s = first_runs(lambda: generate_images(im, cfg), mode == "on")
             held, first = captures(im), captures(im) - held
             (samples, _), s = timed(lambda: generate_images(im, cfg))
             held = captures(im) - held  # captures inside the timed run: their time counts
@@ -425,7 +426,7 @@ def mesh_rows(num: int, trees: tuple[str, ...] = ()) -> None:
         for name, d, o in (("ar", ar_dec, opts), ("xspecmesh criterion=rejection", dec, opts),
                            (MESH_GOAL, dec, vertex), (f"{MESH_GOAL} candidate_tree={MESH_TREE}", dec, tree), *more,
                            *again):
-            first_runs(lambda: d.generate_batch(clouds, params, budget, o))
+            first_runs(lambda: d.generate_batch(clouds, params, budget, o), mode == "on")
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, o))
             toks = [r.tokens for r in res]
             base = base or toks
