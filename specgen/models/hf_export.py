@@ -284,13 +284,70 @@ def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
     return out | {whole: torch.cat([p[i] for i in sorted(p)]) for whole, p in parts.items()}
 
 
+def smollm3(cfg, common: dict):
+    """SmolLM3: Llama's math, a 0 in `no_rope_layers` for each layer without RoPE."""
+    from transformers import SmolLM3Config, SmolLM3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    return SmolLM3ForCausalLM(SmolLM3Config(
+        **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)], attention_bias=False,
+        mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None, **sliding(cfg)))
+
+
+def phi3(cfg, common: dict):
+    """Partial RoPE: transformers reads `partial_rotary_factor` in Phi-3's classes."""
+    from transformers import Phi3Config, Phi3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
+    return Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
+                                      original_max_position_embeddings=original, **sliding(cfg, every=True)))
+
+
+def qwen3(cfg, common: dict):
+    """Per-head q/k norms (q/k/v biases optional)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    return Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias, **sliding(cfg)))
+
+
+def qwen2(cfg, common: dict):
+    """q/k/v biases without q/k norms."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    return Qwen2ForCausalLM(Qwen2Config(**common, **sliding(cfg)))
+
+
+def mistral(cfg, common: dict):
+    """Llama's math with every layer sliding."""
+    from transformers import MistralConfig, MistralForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    return MistralForCausalLM(MistralConfig(**common, **sliding(cfg, every=True)))
+
+
+def llama(cfg, common: dict):
+    from transformers import LlamaConfig, LlamaForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+
+    return LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+
+
+#: (test, builder) per transformers family, the first whose test a config passes builds its model: a later test
+#: holds only where the earlier ones failed (Qwen 2: q/k/v biases and no q/k norms; Llama: none of them)
+FAMILIES = (
+    (lambda c: c.n_experts, moe),
+    (lambda c: not c.pre_norms, lambda c, common: (olmo if c.qk_norm_span == "all" else exaone4)(c, common)),
+    (granite_block, granite),
+    (lambda c: c.sandwich_norms, lambda c, common: (gemma3 if c.qk_norm else gemma2)(c, common)),
+    (gemma_block, gemma),
+    (lambda c: c.nope_layers, smollm3),
+    (lambda c: c.rope_dim, phi3),
+    (lambda c: c.qk_norm, qwen3),
+    (lambda c: c.qkv_bias, qwen2),
+    (lambda c: c.window, mistral),
+    (lambda c: True, llama),
+)
+
+
 def to_hf(model: Transformer):
     """A transformers causal LM with identical weights (float32, eval mode)."""
-    # optional dependency: only an export needs transformers
-    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
-                              Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                              SmolLM3Config, SmolLM3ForCausalLM)
-
     cfg = model.cfg
     if cfg.rope_grid or cfg.cross_dim or cfg.cond_kind != "none":
         raise ValueError("to_hf exports text Transformers (1D RoPE, no cross-attention or condition embedding)")
@@ -315,33 +372,7 @@ def to_hf(model: Transformer):
         raise ValueError("to_hf exports q/k norms over whole projections as OLMo 2, whose block has no pre-norms")
     if cfg.logit_scale != 1 and not granite_block(cfg):  # only Granite's class divides the logits
         raise ValueError("to_hf exports a logit divisor as Granite, whose block is Llama's (pre-norms only, SwiGLU)")
-    if cfg.n_experts:
-        hf = moe(cfg, common)
-    elif not cfg.pre_norms:  # q/k norms over whole projections: OLMo 2 or 3; per head (or none): EXAONE 4
-        hf = (olmo if cfg.qk_norm_span == "all" else exaone4)(cfg, common)
-    elif granite_block(cfg):
-        hf = granite(cfg, common)
-    elif cfg.sandwich_norms:
-        hf = gemma3(cfg, common) if cfg.qk_norm else gemma2(cfg, common)
-    elif gemma_block(cfg):
-        hf = gemma(cfg, common)
-    elif cfg.nope_layers:  # SmolLM3: Llama's math, a 0 in no_rope_layers for each layer without RoPE
-        hf = SmolLM3ForCausalLM(SmolLM3Config(
-            **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
-            attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-            **sliding(cfg)))
-    elif cfg.rope_dim:  # partial RoPE: transformers reads partial_rotary_factor in Phi-3's classes
-        original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
-        hf = Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
-                                        original_max_position_embeddings=original, **sliding(cfg, every=True)))
-    elif cfg.qk_norm:
-        hf = Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias, **sliding(cfg)))
-    elif cfg.qkv_bias:
-        hf = Qwen2ForCausalLM(Qwen2Config(**common, **sliding(cfg)))
-    elif cfg.window:  # Llama's math with every layer sliding: Mistral's
-        hf = MistralForCausalLM(MistralConfig(**common, **sliding(cfg, every=True)))
-    else:
-        hf = LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    hf = next(build for test, build in FAMILIES if test(cfg))(cfg, common)
     hf.load_state_dict(hf_state(model), strict=not cfg.tie_embeddings)
     if cfg.tie_embeddings:
         hf.tie_weights()
