@@ -13,7 +13,8 @@
 # Run from the repository root: `bash scripts/gpu_check.sh`; `ONLY="sync-count images"` runs the named steps alone.
 # A short rerun narrows the steps: SUITES (gpu_graphs.py's, default text,image,mesh,scale; its `hf-compiled` warm-up
 # runs only with text), MESH_TREES (more candidate trees its mesh suite times) and TESTS and PROFILE (pytest's `-k`
-# expression, gpu_profile.py's suites), e.g. `ONLY="gpu-tests graphs profile" SUITES=image,mesh TESTS=mesh PROFILE=mesh`.
+# expression, gpu_profile.py's suites), e.g.
+# `ONLY="gpu-tests graphs profile" SUITES=image,mesh TESTS=mesh PROFILE=mesh bash scripts/gpu_check.sh`.
 OUT=${OUT:-runs/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=250

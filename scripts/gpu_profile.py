@@ -6,8 +6,8 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
   pcllm-mr at batch 1 (1.45x AR at the sixth lease on a step that holds AR's kernels: host time or GPU time?);
 - image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
   image rows);
-- mesh AR and lossless XSpecMesh (vertex lookup, as a chain and as the candidate tree `MESH_TREE`) at batch 1: the shipped tiny mesh model
-  and its heads (gpu_graphs.py's mesh goal row).
+- mesh AR and lossless XSpecMesh (vertex lookup, as a chain and as the candidate tree `MESH_TREE`) at batch 1: the
+  shipped tiny mesh model and its heads (gpu_graphs.py's mesh rows).
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
 the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, the host's ms a step
