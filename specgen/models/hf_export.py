@@ -57,12 +57,17 @@ def stacked_experts(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tens
     return out
 
 
+def classes(*names: str) -> tuple:
+    """transformers' classes of these names: an optional dependency, which only an export needs (the `hf` rows)."""
+    import transformers  # optional dependency: imported where an export runs, not where specgen loads
+
+    return tuple(getattr(transformers, name) for name in names)
+
+
 def moe(cfg, common: dict):
     """transformers' class of a routed config (`moe_kind`: Qwen2MoeForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM
     or MixtralForCausalLM), every layer routed. A config none can express is a ValueError. (Exports are float32, where
     rounding the weights before they scale changes no bit.)"""
-    import transformers  # optional dependency (the `hf` rows), as `to_hf`'s
-
     if (cfg.sandwich_norms or not cfg.pre_norms or cfg.ffn_act != "silu" or cfg.embed_scale != 1 or cfg.nope_layers
             or cfg.rope_dim or cfg.local_rope_theta or cfg.attn_softcap or cfg.logit_softcap or cfg.logit_scale != 1
             or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type") == "factors"
@@ -72,8 +77,8 @@ def moe(cfg, common: dict):
                          "projections, no window): Llama's block, a SwiGLU gate, no scales, caps, other biases, NoPE "
                          "layers or partial RoPE, whole-head rotate-half RoPE")
     name, keys = MOE_KINDS[moe_kind(cfg)][1:]
-    config = getattr(transformers, name.replace("ForCausalLM", "Config"))
-    return getattr(transformers, name)(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
+    config, model = classes(name.replace("ForCausalLM", "Config"), name)
+    return model(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
                                               bos_token_id=None, eos_token_id=None, **keys(cfg)))
 
 
@@ -126,7 +131,7 @@ def granite(cfg, common: dict):
     """transformers' GraniteForCausalLM of Llama's block with `cfg.embed_scale` as embedding_multiplier and
     `cfg.logit_scale` as logits_scaling; its attention and residual multipliers are in the weights (the loader's fold,
     kept), so exported as the kernels' 1/sqrt(head_dim) and 1. A config Granite cannot express is a ValueError."""
-    from transformers import GraniteConfig, GraniteForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    GraniteConfig, GraniteForCausalLM = classes("GraniteConfig", "GraniteForCausalLM")
 
     if (cfg.qk_norm or cfg.qkv_bias or cfg.window or cfg.nope_layers or cfg.rope_dim or cfg.attn_softcap
             or cfg.logit_softcap):
@@ -149,7 +154,7 @@ def olmo(cfg, common: dict):
     """transformers' Olmo2ForCausalLM of a block without pre-norms (`cfg.pre_norms` false) whose q and k are normed
     over their whole projections: sandwich norms, SwiGLU; with local layers Olmo3ForCausalLM (`olmo3`). A config
     neither can express is a ValueError."""
-    from transformers import Olmo2Config, Olmo2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Olmo2Config, Olmo2ForCausalLM = classes("Olmo2Config", "Olmo2ForCausalLM")
 
     if not (cfg.qk_norm and cfg.qk_norm_span == "all" and post_norm_block(cfg)) or cfg.nope_layers:
         raise ValueError("to_hf exports a block without pre-norms as OLMo 2 or 3, whose block has q/k norms over "
@@ -165,7 +170,7 @@ def olmo3(cfg, common: dict):
     """transformers' Olmo3ForCausalLM of an OLMo 2 block with local layers: those sliding, with specgen's window
     (none: the context, which makes them attend fully as specgen's do), turning with their own unscaled base (none:
     the full layers', which then must be unscaled), the full layers with the config's base and scaling."""
-    from transformers import Olmo3Config, Olmo3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Olmo3Config, Olmo3ForCausalLM = classes("Olmo3Config", "Olmo3ForCausalLM")
 
     if (not cfg.local_rope_theta and cfg.rope_scaling) or (cfg.rope_scaling or {}).get("rope_type") == "factors":
         raise ValueError("to_hf exports local layers as OLMo 3's sliding ones, which turn with an unscaled RoPE, the "
@@ -182,7 +187,7 @@ def exaone4(cfg, common: dict):
     """transformers' Exaone4ForCausalLM of a block without pre-norms whose q and k are normed per head: its local
     layers sliding over specgen's window (none: the context) and the others NoPE, or, without NoPE or local layers,
     every layer full with RoPE (its class's null window). A config EXAONE 4 cannot express is a ValueError."""
-    from transformers import Exaone4Config, Exaone4ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Exaone4Config, Exaone4ForCausalLM = classes("Exaone4Config", "Exaone4ForCausalLM")
 
     full = tuple(i for i in range(cfg.n_layers) if i not in cfg.local_layers)
     windowed = bool(cfg.nope_layers or cfg.local_layers)
@@ -198,7 +203,7 @@ def exaone4(cfg, common: dict):
 def gemma(cfg, common: dict):
     """transformers' GemmaForCausalLM (Gemma 1) of a Gemma block without sandwich norms. A config Gemma 1 cannot
     express is a ValueError."""
-    from transformers import GemmaConfig, GemmaForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    GemmaConfig, GemmaForCausalLM = classes("GemmaConfig", "GemmaForCausalLM")
 
     if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
             cfg.qk_norm or cfg.window or cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias
@@ -222,7 +227,7 @@ def gemma2(cfg, common: dict):
     as sliding ones, with specgen's window (none: the context, which makes them attend fully as specgen's do), one
     RoPE base for every layer, the caps; query_pre_attn_scalar the head size, whose scale the kernels apply (the
     checkpoint's own is in q's projection). A config Gemma 2 cannot express is a ValueError."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Gemma2Config, Gemma2ForCausalLM = classes("Gemma2Config", "Gemma2ForCausalLM")
 
     if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
             cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
@@ -241,7 +246,7 @@ def gemma3(cfg, common: dict):
     with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar
     the head size, whose scale the kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot
     express is a ValueError (a tied export loads non-strictly and would drop weights silently)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # optional dependency (the `hf` rows), as `to_hf`'s
+    Gemma3ForCausalLM, Gemma3TextConfig = classes("Gemma3ForCausalLM", "Gemma3TextConfig")
 
     if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or cfg.attn_softcap or (
             cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
@@ -286,7 +291,7 @@ def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
 
 def smollm3(cfg, common: dict):
     """SmolLM3: Llama's math, a 0 in `no_rope_layers` for each layer without RoPE."""
-    from transformers import SmolLM3Config, SmolLM3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    SmolLM3Config, SmolLM3ForCausalLM = classes("SmolLM3Config", "SmolLM3ForCausalLM")
 
     return SmolLM3ForCausalLM(SmolLM3Config(
         **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)], attention_bias=False,
@@ -295,7 +300,7 @@ def smollm3(cfg, common: dict):
 
 def phi3(cfg, common: dict):
     """Partial RoPE: transformers reads `partial_rotary_factor` in Phi-3's classes."""
-    from transformers import Phi3Config, Phi3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Phi3Config, Phi3ForCausalLM = classes("Phi3Config", "Phi3ForCausalLM")
 
     original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
     return Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
@@ -304,27 +309,27 @@ def phi3(cfg, common: dict):
 
 def qwen3(cfg, common: dict):
     """Per-head q/k norms (q/k/v biases optional)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Qwen3Config, Qwen3ForCausalLM = classes("Qwen3Config", "Qwen3ForCausalLM")
 
     return Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias, **sliding(cfg)))
 
 
 def qwen2(cfg, common: dict):
     """q/k/v biases without q/k norms."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    Qwen2Config, Qwen2ForCausalLM = classes("Qwen2Config", "Qwen2ForCausalLM")
 
     return Qwen2ForCausalLM(Qwen2Config(**common, **sliding(cfg)))
 
 
 def mistral(cfg, common: dict):
     """Llama's math with every layer sliding."""
-    from transformers import MistralConfig, MistralForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    MistralConfig, MistralForCausalLM = classes("MistralConfig", "MistralForCausalLM")
 
     return MistralForCausalLM(MistralConfig(**common, **sliding(cfg, every=True)))
 
 
 def llama(cfg, common: dict):
-    from transformers import LlamaConfig, LlamaForCausalLM  # optional dependency (the `hf` rows), as `to_hf`'s
+    LlamaConfig, LlamaForCausalLM = classes("LlamaConfig", "LlamaForCausalLM")
 
     return LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
 
