@@ -6,6 +6,7 @@ import torch
 
 from specgen.decoding.target import TargetOut
 from specgen.models.cache import KVCache
+from specgen.models.prompt import prompt_mode
 
 
 class MeshTarget:
@@ -27,7 +28,10 @@ class MeshTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the cloud's index; logits [1, 1, V] of mesh token 1, features [1, 1, dim] (the start's h)."""
         i = int(tokens[0, 0])
-        cond = self.model.encoder(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
+        # the point encoder runs once a mesh, alike in every method: a prompt's products (on a GPU 256-row slices, 8
+        # launches a product over 2,048 points where a decode step's 64-row slices ran 32: gpu.md, the mesh prefill)
+        with prompt_mode():
+            cond = self.model.encoder(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
         self.conditions[i] = cond
         logits, hidden = self.model.prefill(cache, cond)  # [1, V], [1, dim]
         return TargetOut(logits[:, None], hidden[:, None])

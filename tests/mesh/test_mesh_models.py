@@ -19,6 +19,27 @@ def all_features(heads, hidden, kv, emb=None):
     return torch.stack([heads.head_features(d, hidden, kv[d], emb) for d in range(heads.num_heads)], dim=2)
 
 
+def test_a_mesh_prefill_runs_the_point_encoder_in_prompt_mode_and_the_start_step_not():
+    """The encoder runs once a mesh, alike in every method, so it takes a prompt's products (on a GPU 256-row
+    slices); the start's decoder step stays a decode step's, as every later step is."""
+    from specgen.mesh.target import MeshTarget
+    from specgen.models import prompt
+
+    model, seen = tiny_mesh_model(), {}
+    encoder, step = model.encoder.forward, model.decoder.hidden_states
+
+    def recorded(name, run):
+        def call(*args, **kwargs):
+            seen.setdefault(name, prompt.active())
+            return run(*args, **kwargs)
+        return call
+
+    model.encoder.forward, model.decoder.hidden_states = recorded("encoder", encoder), recorded("start step", step)
+    target = MeshTarget(model, [torch.randn(NUM_POINTS, 6)])
+    target.prefill(torch.tensor([[0]]), target.new_cache(1, 8))
+    assert seen == {"encoder": True, "start step": False}
+
+
 def test_cached_decoding_matches_teacher_forcing():
     torch.manual_seed(0)
     model = tiny_mesh_model()
