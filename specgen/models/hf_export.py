@@ -78,8 +78,8 @@ def moe(cfg, common: dict):
                          "layers or partial RoPE, whole-head rotate-half RoPE")
     name, keys = MOE_KINDS[moe_kind(cfg)][1:]
     config, model = classes(name.replace("ForCausalLM", "Config"), name)
-    return model(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None,
-                                              bos_token_id=None, eos_token_id=None, **keys(cfg)))
+    return model(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None, bos_token_id=None,
+                        eos_token_id=None, **keys(cfg)))
 
 
 def moe_kind(cfg) -> str:
