@@ -412,20 +412,19 @@ def mesh_rows(num: int, trees: tuple[str, ...] = ()) -> None:
     # the lossless rule's best candidates on these heads: a revisited vertex's offset, the heads elsewhere (gpu.md),
     # as a chain (issue 46's mesh goal reads it) and as candidate trees (MESH_TREE, `trees`)
     vertex = dataclasses.replace(opts, vertex_lookup=True)
-    tree = dataclasses.replace(vertex, candidate_tree=MESH_TREE)
     params = SP()
     budget = 512
     base, s_ar = None, {}
     for mode in ("off", "on"):
         attach(dec.model.decoder, mode)
         attach(dec.heads, mode)  # the heads' step a replay too
+        shapes = (MESH_TREE, *trees) if mode == "on" else (MESH_TREE,)  # `trees`: with graphs on only
         more = [(f"{MESH_GOAL} candidate_tree={shape}", dec, dataclasses.replace(vertex, candidate_tree=shape))
-                for shape in (trees if mode == "on" else ())]
+                for shape in shapes]
         # AR again last: how far the host's speed drifted during the suite (gpu.md: ratios within ~10% are equal)
         again = [("ar, again", ar_dec, opts)] if mode == "on" else []
         for name, d, o in (("ar", ar_dec, opts), ("xspecmesh criterion=rejection", dec, opts),
-                           (MESH_GOAL, dec, vertex), (f"{MESH_GOAL} candidate_tree={MESH_TREE}", dec, tree), *more,
-                           *again):
+                           (MESH_GOAL, dec, vertex), *more, *again):
             first_runs(lambda: d.generate_batch(clouds, params, budget, o), mode == "on")
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, o))
             toks = [r.tokens for r in res]

@@ -50,10 +50,9 @@ from specgen.decoding import loop
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
-from specgen.methods import get_method, run_batch
+from specgen.methods import get_method, run_batch, xspecmesh_pool
 from specgen.methods.options import MultiBlockOptions, gpu_defaults
 from specgen.methods.pcllm import MultiBlockDrafter
-from specgen.methods import xspecmesh_pool
 from specgen.methods.text import EmptyDrafter, JacobiDrafter, NgramDrafter
 from specgen.models import graphs, kernel_choice
 from specgen.models.sliced_linear import SlicedLinear

@@ -153,7 +153,7 @@ class RowState:
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
     ahead: list[list[float]] | None = None  # per node the last verdict could end at: its next `columns` (host rows)
-    ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted length)
+    ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted node)
 
 
 @dataclass

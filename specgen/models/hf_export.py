@@ -57,11 +57,13 @@ def stacked_experts(state: dict[str, torch.Tensor], cfg) -> dict[str, torch.Tens
     return out
 
 
-def classes(*names: str) -> tuple:
-    """transformers' classes of these names: an optional dependency, which only an export needs (the `hf` rows)."""
+def built(family: str, config_class: str = "", **config):
+    """transformers' `{family}ForCausalLM` of its `{family}Config` (or `config_class`) holding `config`: an optional
+    dependency, which only an export needs (the `hf` rows)."""
     import transformers  # optional dependency: imported where an export runs, not where specgen loads
 
-    return tuple(getattr(transformers, name) for name in names)
+    return getattr(transformers, f"{family}ForCausalLM")(getattr(transformers, config_class or f"{family}Config")(
+        **config))
 
 
 def moe(cfg, common: dict):
@@ -77,9 +79,8 @@ def moe(cfg, common: dict):
                          "projections, no window): Llama's block, a SwiGLU gate, no scales, caps, other biases, NoPE "
                          "layers or partial RoPE, whole-head rotate-half RoPE")
     name, keys = MOE_KINDS[moe_kind(cfg)][1:]
-    config, model = classes(name.replace("ForCausalLM", "Config"), name)
-    return model(config(**common, num_experts_per_tok=cfg.experts_per_token, pad_token_id=None, bos_token_id=None,
-                        eos_token_id=None, **keys(cfg)))
+    return built(name.removesuffix("ForCausalLM"), **common, num_experts_per_tok=cfg.experts_per_token,
+                 pad_token_id=None, bos_token_id=None, eos_token_id=None, **keys(cfg))
 
 
 def moe_kind(cfg) -> str:
@@ -131,16 +132,14 @@ def granite(cfg, common: dict):
     """transformers' GraniteForCausalLM of Llama's block with `cfg.embed_scale` as embedding_multiplier and
     `cfg.logit_scale` as logits_scaling; its attention and residual multipliers are in the weights (the loader's fold,
     kept), so exported as the kernels' 1/sqrt(head_dim) and 1. A config Granite cannot express is a ValueError."""
-    GraniteConfig, GraniteForCausalLM = classes("GraniteConfig", "GraniteForCausalLM")
-
     if (cfg.qk_norm or cfg.qkv_bias or cfg.window or cfg.nope_layers or cfg.rope_dim or cfg.attn_softcap
             or cfg.logit_softcap):
         raise ValueError("to_hf exports an embedding scale or logit divisor with a SwiGLU gate as Granite, whose "
                          "block has no q/k norms or q/k/v-only biases, window, NoPE layers, partial RoPE or caps")
-    return GraniteForCausalLM(GraniteConfig(
-        **common, embedding_multiplier=cfg.embed_scale, logits_scaling=cfg.logit_scale,
+    return built(
+        "Granite", **common, embedding_multiplier=cfg.embed_scale, logits_scaling=cfg.logit_scale,
         attention_multiplier=cfg.hd**-0.5, residual_multiplier=1.0, attention_bias=False, mlp_bias=False,
-        pad_token_id=None, bos_token_id=None, eos_token_id=None))
+        pad_token_id=None, bos_token_id=None, eos_token_id=None)
 
 
 def post_norm_block(cfg) -> bool:
@@ -154,65 +153,58 @@ def olmo(cfg, common: dict):
     """transformers' Olmo2ForCausalLM of a block without pre-norms (`cfg.pre_norms` false) whose q and k are normed
     over their whole projections: sandwich norms, SwiGLU; with local layers Olmo3ForCausalLM (`olmo3`). A config
     neither can express is a ValueError."""
-    Olmo2Config, Olmo2ForCausalLM = classes("Olmo2Config", "Olmo2ForCausalLM")
-
     if not (cfg.qk_norm and cfg.qk_norm_span == "all" and post_norm_block(cfg)) or cfg.nope_layers:
         raise ValueError("to_hf exports a block without pre-norms as OLMo 2 or 3, whose block has q/k norms over "
                          "their whole projections, a SwiGLU gate, no embedding scale, NoPE layers, caps or q/k/v "
                          "biases and whole-head rotate-half RoPE in every layer")
     if cfg.local_layers:
         return olmo3(cfg, common)
-    return Olmo2ForCausalLM(Olmo2Config(**common, attention_bias=False, pad_token_id=None, bos_token_id=None,
-                                        eos_token_id=None))
+    return built("Olmo2", **common, attention_bias=False, pad_token_id=None, bos_token_id=None,
+                 eos_token_id=None)
 
 
 def olmo3(cfg, common: dict):
     """transformers' Olmo3ForCausalLM of an OLMo 2 block with local layers: those sliding, with specgen's window
     (none: the context, which makes them attend fully as specgen's do), turning with their own unscaled base (none:
     the full layers', which then must be unscaled), the full layers with the config's base and scaling."""
-    Olmo3Config, Olmo3ForCausalLM = classes("Olmo3Config", "Olmo3ForCausalLM")
-
     if (not cfg.local_rope_theta and cfg.rope_scaling) or (cfg.rope_scaling or {}).get("rope_type") == "factors":
         raise ValueError("to_hf exports local layers as OLMo 3's sliding ones, which turn with an unscaled RoPE, the "
                          "full ones with a scaling of transformers' (not a GGUF's frequency divisors)")
     full = {"rope_type": "default", **common.pop("rope_scaling", {}), "rope_theta": common.pop("rope_theta")}
     local = {"rope_type": "default", "rope_theta": cfg.local_rope_theta or full["rope_theta"]}
-    return Olmo3ForCausalLM(Olmo3Config(
-        **common, rope_parameters={"full_attention": full, "sliding_attention": local}, layer_types=layer_types(cfg),
-        sliding_window=cfg.window or cfg.max_seq_len, attention_bias=False, pad_token_id=None, bos_token_id=None,
-        eos_token_id=None))
+    return built(
+        "Olmo3", **common, rope_parameters={"full_attention": full, "sliding_attention": local},
+        layer_types=layer_types(cfg), sliding_window=cfg.window or cfg.max_seq_len, attention_bias=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None)
 
 
 def exaone4(cfg, common: dict):
     """transformers' Exaone4ForCausalLM of a block without pre-norms whose q and k are normed per head: its local
     layers sliding over specgen's window (none: the context) and the others NoPE, or, without NoPE or local layers,
     every layer full with RoPE (its class's null window). A config EXAONE 4 cannot express is a ValueError."""
-    Exaone4Config, Exaone4ForCausalLM = classes("Exaone4Config", "Exaone4ForCausalLM")
-
     full = tuple(i for i in range(cfg.n_layers) if i not in cfg.local_layers)
     windowed = bool(cfg.nope_layers or cfg.local_layers)
     if not (cfg.qk_norm and post_norm_block(cfg)) or cfg.local_rope_theta or (windowed and cfg.nope_layers != full):
         raise ValueError("to_hf exports a block without pre-norms and per-head q/k norms as EXAONE 4, whose block has "
                          "a SwiGLU gate, no embedding scale, caps or q/k/v biases, one RoPE base, whole-head "
                          "rotate-half RoPE, and either every layer full with RoPE or the layers that do not slide NoPE")
-    return Exaone4ForCausalLM(Exaone4Config(
-        **common, layer_types=layer_types(cfg), sliding_window=(cfg.window or cfg.max_seq_len) if windowed else None,
-        pad_token_id=None, bos_token_id=None, eos_token_id=None))
+    return built(
+        "Exaone4", **common, layer_types=layer_types(cfg),
+        sliding_window=(cfg.window or cfg.max_seq_len) if windowed else None, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None)
 
 
 def gemma(cfg, common: dict):
     """transformers' GemmaForCausalLM (Gemma 1) of a Gemma block without sandwich norms. A config Gemma 1 cannot
     express is a ValueError."""
-    GemmaConfig, GemmaForCausalLM = classes("GemmaConfig", "GemmaForCausalLM")
-
     if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
             cfg.qk_norm or cfg.window or cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias
             or cfg.rope_layout != "half" or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
         raise ValueError("to_hf exports a Gemma block without sandwich norms as Gemma 1, whose block has a gelu_tanh "
                          "gate, a sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer, no window and "
                          "no q/k norms or biases")
-    return GemmaForCausalLM(GemmaConfig(**common, hidden_act="gelu_pytorch_tanh", attention_bias=False,
-                                        pad_token_id=None, bos_token_id=None, eos_token_id=None))
+    return built("Gemma", **common, hidden_act="gelu_pytorch_tanh", attention_bias=False,
+                 pad_token_id=None, bos_token_id=None, eos_token_id=None)
 
 
 def caps(cfg) -> dict:
@@ -227,18 +219,16 @@ def gemma2(cfg, common: dict):
     as sliding ones, with specgen's window (none: the context, which makes them attend fully as specgen's do), one
     RoPE base for every layer, the caps; query_pre_attn_scalar the head size, whose scale the kernels apply (the
     checkpoint's own is in q's projection). A config Gemma 2 cannot express is a ValueError."""
-    Gemma2Config, Gemma2ForCausalLM = classes("Gemma2Config", "Gemma2ForCausalLM")
-
     if not (cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or (
             cfg.local_rope_theta or cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
             or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
         raise ValueError("to_hf exports sandwich norms without q/k norms as Gemma 2, whose block has a gelu_tanh gate, "
                          "a sqrt(dim) embedding scale, one RoPE base and whole-head rotate-half RoPE in every layer "
                          "and no q/k/v biases")
-    return Gemma2ForCausalLM(Gemma2Config(
-        **common, layer_types=layer_types(cfg), sliding_window=cfg.window or cfg.max_seq_len,
+    return built(
+        "Gemma2", **common, layer_types=layer_types(cfg), sliding_window=cfg.window or cfg.max_seq_len,
         query_pre_attn_scalar=cfg.hd, hidden_activation="gelu_pytorch_tanh", attention_bias=False, pad_token_id=None,
-        bos_token_id=None, eos_token_id=None, **caps(cfg)))
+        bos_token_id=None, eos_token_id=None, **caps(cfg))
 
 
 def gemma3(cfg, common: dict):
@@ -246,19 +236,17 @@ def gemma3(cfg, common: dict):
     with specgen's window (none: the context, which makes them attend fully as specgen's do); query_pre_attn_scalar
     the head size, whose scale the kernels apply (the checkpoint's own is in q's norm). A config Gemma 3 cannot
     express is a ValueError (a tied export loads non-strictly and would drop weights silently)."""
-    Gemma3ForCausalLM, Gemma3TextConfig = classes("Gemma3ForCausalLM", "Gemma3TextConfig")
-
     if not (cfg.qk_norm and cfg.ffn_act == "gelu_tanh" and cfg.embed_scale == cfg.dim**0.5) or cfg.attn_softcap or (
             cfg.nope_layers or cfg.rope_dim or cfg.qkv_bias or cfg.rope_layout != "half"
             or (cfg.rope_scaling or {}).get("rope_type") == "factors"):
         raise ValueError("to_hf exports sandwich norms as Gemma 3, whose block has q/k norms, a gelu_tanh gate, a "
                          "sqrt(dim) embedding scale, whole-head rotate-half RoPE in every layer, no q/k/v biases and "
                          "no attention cap (its class ignores one)")
-    return Gemma3ForCausalLM(Gemma3TextConfig(
-        **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0, layer_types=layer_types(cfg),
-        sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
-        hidden_activation="gelu_pytorch_tanh",
-        attention_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None, **caps(cfg)))
+    return built(
+        "Gemma3", "Gemma3TextConfig", **common, rope_local_base_freq=cfg.local_rope_theta or 10000.0,
+        layer_types=layer_types(cfg), sliding_window=cfg.window or cfg.max_seq_len, query_pre_attn_scalar=cfg.hd,
+        hidden_activation="gelu_pytorch_tanh", attention_bias=False, pad_token_id=None, bos_token_id=None,
+        eos_token_id=None, **caps(cfg))
 
 
 def sliding(cfg, every: bool = False) -> dict:
@@ -291,56 +279,46 @@ def fused(state: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
 
 def smollm3(cfg, common: dict):
     """SmolLM3: Llama's math, a 0 in `no_rope_layers` for each layer without RoPE."""
-    SmolLM3Config, SmolLM3ForCausalLM = classes("SmolLM3Config", "SmolLM3ForCausalLM")
-
-    return SmolLM3ForCausalLM(SmolLM3Config(
-        **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)], attention_bias=False,
-        mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None, **sliding(cfg)))
+    return built(
+        "SmolLM3", **common, no_rope_layers=[int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
+        attention_bias=False, mlp_bias=False, pad_token_id=None, bos_token_id=None, eos_token_id=None, **sliding(cfg))
 
 
 def phi3(cfg, common: dict):
     """Partial RoPE: transformers reads `partial_rotary_factor` in Phi-3's classes."""
-    Phi3Config, Phi3ForCausalLM = classes("Phi3Config", "Phi3ForCausalLM")
-
     original = (cfg.rope_scaling or {}).get("original_max_position_embeddings", cfg.max_seq_len)
-    return Phi3ForCausalLM(Phi3Config(**common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
-                                      original_max_position_embeddings=original, **sliding(cfg, every=True)))
+    return built("Phi3", **common, partial_rotary_factor=cfg.rope_dim / cfg.hd, pad_token_id=None,
+                 original_max_position_embeddings=original, **sliding(cfg, every=True))
 
 
 def qwen3(cfg, common: dict):
     """Per-head q/k norms (q/k/v biases optional)."""
-    Qwen3Config, Qwen3ForCausalLM = classes("Qwen3Config", "Qwen3ForCausalLM")
-
-    return Qwen3ForCausalLM(Qwen3Config(**common, attention_bias=cfg.qkv_bias, **sliding(cfg)))
+    return built("Qwen3", **common, attention_bias=cfg.qkv_bias, **sliding(cfg))
 
 
 def qwen2(cfg, common: dict):
     """q/k/v biases without q/k norms."""
-    Qwen2Config, Qwen2ForCausalLM = classes("Qwen2Config", "Qwen2ForCausalLM")
-
-    return Qwen2ForCausalLM(Qwen2Config(**common, **sliding(cfg)))
+    return built("Qwen2", **common, **sliding(cfg))
 
 
 def mistral(cfg, common: dict):
     """Llama's math with every layer sliding."""
-    MistralConfig, MistralForCausalLM = classes("MistralConfig", "MistralForCausalLM")
-
-    return MistralForCausalLM(MistralConfig(**common, **sliding(cfg, every=True)))
+    return built("Mistral", **common, **sliding(cfg, every=True))
 
 
 def llama(cfg, common: dict):
-    LlamaConfig, LlamaForCausalLM = classes("LlamaConfig", "LlamaForCausalLM")
-
-    return LlamaForCausalLM(LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    return built("Llama", **common, attention_bias=False, mlp_bias=False)
 
 
 #: (test, builder) per transformers family, the first whose test a config passes builds its model: a later test
 #: holds only where the earlier ones failed (Qwen 2: q/k/v biases and no q/k norms; Llama: none of them)
 FAMILIES = (
     (lambda c: c.n_experts, moe),
-    (lambda c: not c.pre_norms, lambda c, common: (olmo if c.qk_norm_span == "all" else exaone4)(c, common)),
+    (lambda c: not c.pre_norms and c.qk_norm_span == "all", olmo),  # q/k norms over whole projections
+    (lambda c: not c.pre_norms, exaone4),  # per head, or none
     (granite_block, granite),
-    (lambda c: c.sandwich_norms, lambda c, common: (gemma3 if c.qk_norm else gemma2)(c, common)),
+    (lambda c: c.sandwich_norms and c.qk_norm, gemma3),
+    (lambda c: c.sandwich_norms, gemma2),
     (gemma_block, gemma),
     (lambda c: c.nope_layers, smollm3),
     (lambda c: c.rope_dim, phi3),
