@@ -37,14 +37,12 @@ def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[i
 
 
 class ReadAlong(Protocol):
-    """Device work on every verify position whose result rides the greedy judge's one host copy (a pool's next
-    candidates for each length the verdict may accept), so that the next step needs no read of its own."""
-
-    def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-        """[n, S, k] float32 on the device from the verify forward `out` and its greedy picks [n, S]."""
+    """A pool whose device work on every verify position rides the forward (the target's post-step: its
+    `TargetOut.ahead`, a pool's next candidates for each length the verdict may accept, after the greedy picks) and
+    the greedy judge's one host copy, so that the next step needs no read of its own."""
 
     def take(self, host: list[list[list[float]]]) -> None:
-        """The host copy [n][S][k] of `columns`, before the verdicts are judged."""
+        """The host copy [n][S][k] of the columns (`ahead` without its picks), before the verdicts are judged."""
 
 
 class DraftVerify(PolicyBase):
@@ -74,7 +72,7 @@ class DraftVerify(PolicyBase):
         with clock("accept"):  # 3. per row, each with its own generator stream
             if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
                 if params.greedy:  # kept on `out`: a drafter's next guesses are the same argmax (no second read)
-                    out = replace(out, argmax=self.picks(out, sizes))
+                    out = replace(out, argmax=self.picks(out))
                 verdicts = judge_batch(drafts, out.logits, sizes, params, generators, out.argmax)
             else:
                 verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)
@@ -88,13 +86,11 @@ class DraftVerify(PolicyBase):
             self.budget.observe_drafter(self.pool.drafted())
         return [(v.kept(), list(v.tokens)) for v in verdicts]
 
-    def picks(self, out: TargetOut, sizes: Sequence[int]) -> list[list[int]]:
-        """The greedy picks [n][S] on the host, with `along`'s columns in the same device-to-host copy."""
+    def picks(self, out: TargetOut) -> list[list[int]]:
+        """The greedy picks [n][S] on the host, with `along`'s columns (`out.ahead`) in the same device-to-host copy."""
         if self.along is None or out.argmax is not None:
             return out.picks()
-        picks = out.logits.argmax(-1)  # [n, S]
-        # float32 holds every token id exactly (vocabularies < 2^24)
-        host = torch.cat([picks[..., None].float(), self.along.columns(out, picks, sizes)], -1).tolist()
+        host = out.ahead.tolist()  # [n][S][1 + k]: float32 holds every token id exactly (vocabularies < 2^24)
         self.along.take([[col[1:] for col in row] for row in host])
         return [[int(col[0]) for col in row] for row in host]
 

@@ -18,6 +18,7 @@ class TargetOut:
     logits: torch.Tensor  # [B, S, V] (or [B, 1, V] when last_only)
     features: torch.Tensor  # [B, S, D] final hidden states (CFG adapters: per-branch, see their doc)
     argmax: list[list[int]] | None = None  # [B][S] on the host where the step read it (greedy judging): reused
+    ahead: torch.Tensor | None = None  # [B, S, 1 + k] float32: greedy picks, then a pool's columns (`ReadAlong`)
 
     def picks(self) -> list[list[int]]:
         """The greedy picks [B][S] on the host: the step's own read where it made one, else one device read now."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from specgen.decoding.target import TargetOut
@@ -20,6 +22,9 @@ class MeshTarget:
         self.device = model.start.device
         self.dtype = model.start.dtype  # clouds arrive as float32: the encoder runs in the model's dtype
         self.conditions: dict[int, torch.Tensor] = {}  # cloud index -> condition [1, M, cross_dim]
+        # a pool's post-step of every verify forward (XSpecMesh's heads run ahead: xspecmesh_pool.ReadAhead), inside
+        # its captured replay: (logits, hidden) -> (logits, hidden, the block `TargetOut.ahead` holds)
+        self.along: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return self.model.new_cache(batch, max_len)
@@ -38,6 +43,12 @@ class MeshTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
-        """Score chains tokens [n, S] at positions [n, S] over each row's cache and condition."""
-        logits, hidden = self.model.decoder(tokens, positions, cache, tree_mask)  # [n, S, V], [n, S, dim]
-        return TargetOut(logits, hidden)
+        """Score chains tokens [n, S] at positions [n, S] over each row's cache and condition: logits [n, S, V],
+        features [n, S, dim] and, with `along`, its block."""
+        decoder = self.model.decoder
+        outs = None if decoder.graphs is None else decoder.graphs.forward(tokens, positions, cache, tree_mask,
+                                                                          post=self.along)
+        if outs is None:  # no captured steps, or they declined this call
+            outs = decoder.eager(tokens, positions, cache, tree_mask)
+            outs = outs if self.along is None else self.along(*outs)
+        return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None)

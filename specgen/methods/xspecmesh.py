@@ -53,10 +53,11 @@ class MeshDecoder:
         target = MeshTarget(self.model, pcs)
         step, nodes = ArSteps(run_ahead), 0  # AR: AR's own step policy, as text's and images'
         if d_max:
-            pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators)
+            pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators, batch_size)
+            target.along = pool.along  # the heads' candidates computed with each verify (read ahead), or None
             budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \
                 if opts.budget == "auto" else FixedBudget(d_max)
-            along = pool if pool.ahead else None  # the heads' candidates read with the accept's picks
+            along = pool if pool.ahead else None  # ... and read with the accept's picks
             step, nodes = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along), pool.nodes
         batch = decode_batch(target, step, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=nodes, on_done=on_done, on_tokens=on_tokens)
@@ -152,9 +153,10 @@ class ConditionedForward:
 
 @dataclass(frozen=True)
 class HeadsForward:
-    """`cost.Timed` of one call of the heads as `XSpecMeshPool.run_heads` makes it: the first `d` heads on m hidden
-    states of one mesh (zeros: the values do not change the time), cross-attending to a condition of the point
-    encoder's output shape, then the LM head they draft with in `dtype`. The heads keep no cache: the prefix is free."""
+    """`cost.Timed` of one call of the heads as `XSpecMeshPool.run_heads` and `ReadAhead` make it: the first `d` heads
+    on m hidden states of one mesh (zeros: the values do not change the time), cross-attending to a condition of the
+    point encoder's output shape, then the LM head they draft with in `dtype`. The heads keep no cache: the prefix is
+    free."""
 
     decoder: MeshDecoder
     d: int

@@ -39,9 +39,10 @@ ONE_READ = frozenset({"cuda"})
 
 def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecMeshOptions,
                 stacked: StackedHeads) -> bool:
-    """Whether the pool's `columns` go with the accept read (`DraftVerify`'s `along`): the batched greedy judge
-    reads every verify position's argmax, the x_{s*} of each length it may accept. Not for history heads: each
-    position's window differs in length until it is full, so the positions are no one call."""
+    """Whether the heads run ahead inside each verify forward (`ReadAhead`), read with the accept's picks
+    (`DraftVerify`'s `along`): the batched greedy judge reads every verify position's argmax, the x_{s*} of each
+    length it may accept. Not for history heads: each position's window differs in length until it is full, so the
+    positions are no one call."""
     return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in ONE_READ
 
 
@@ -152,29 +153,26 @@ class RowState:
     head_kv: tuple[torch.Tensor, torch.Tensor] | None  # the heads' K/V of this row's point cloud [D, H, M, hd] x 2
     memory: VertexMemory | None  # vertex_lookup
     generator: torch.Generator | None  # candidate stream
-    ahead: list[list[float]] | None = None  # per node the last verdict could end at: its next `columns` (host rows)
+    ahead: list[list[float]] | None = None  # per node the last verdict could end at: its next candidates' columns
     ready: Proposal | None = None  # the next step's candidates, already read (ahead's row at the accepted node)
 
 
 @dataclass
 class Stage:
-    """The heads' static inputs, which every call reads (a captured one at fixed addresses): hidden states h [w, dim]
-    and tokens [w] (token_input heads) of up to w positions, and the condition K/V of the row `staged`, written only
-    when another row's call comes (at batch 1: once a mesh, not a step)."""
+    """The heads' static inputs for a call on one position (a captured one reads them at fixed addresses): hidden state
+    h [1, dim], token [1] (token_input heads), and the condition K/V of the row `staged`, written only when another
+    row's call comes (at batch 1: once a mesh, not a step)."""
 
     h: torch.Tensor
     token: torch.Tensor | None
     kv: tuple[torch.Tensor, torch.Tensor] | None
-    h1: torch.Tensor  # h[:1] and token[:1]: one position's (views made once)
-    token1: torch.Tensor | None
     staged: RowState | None = None
 
     @classmethod
-    def like(cls, h: torch.Tensor, kv, w: int, token_input: bool) -> "Stage":
-        """For rows of hidden states like h [., dim] and condition K/V like kv."""
-        hs, tokens = h.new_zeros(w, h.shape[-1]), h.new_zeros(w, dtype=torch.long) if token_input else None
-        return cls(hs, tokens, None if kv is None else tuple(torch.empty_like(t) for t in kv), hs[:1],
-                   None if tokens is None else tokens[:1])
+    def like(cls, h: torch.Tensor, kv, token_input: bool) -> "Stage":
+        """For a hidden state like h [dim] and condition K/V like kv."""
+        return cls(h.new_zeros(1, h.shape[-1]), h.new_zeros(1, dtype=torch.long) if token_input else None,
+                   None if kv is None else tuple(torch.empty_like(t) for t in kv))
 
     def row(self, r: RowState) -> None:
         """Row r's condition K/V in the stage (a device copy where another row's are there)."""
@@ -184,11 +182,54 @@ class Stage:
         self.staged = r
 
 
+@dataclass(frozen=True, eq=False)
+class ReadAhead:
+    """The verify forward's post-step where the heads run ahead (`reads_ahead`; `MeshTarget.along`), inside its
+    captured replay or after its eager forward: each position's greedy pick and, on its hidden state (and pick: token
+    input heads), the first d heads' `greedy_columns`, as logits, hidden, block [R, S, 1 + k] float32 (picks first:
+    one host copy reads both). Row i reads slot i's condition K/V (`store`; a padding row past them, the last slot's).
+    Hashed by identity: it keys the backbone's captures, so a later pool with the same statics reuses it
+    (`held_statics`)."""
+
+    stacked: StackedHeads
+    lm_head: torch.nn.Module
+    embed: torch.nn.Module
+    dtype: torch.dtype
+    d: int
+    width: int
+    temperature: float
+    path_probs: bool
+    kv: tuple[torch.Tensor, torch.Tensor] | None  # [C, D, H, M, hd] x 2: each slot's condition K/V (CA heads)
+
+    def store(self, slot: int, kv: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        """Slot `slot`'s condition K/V [D, H, M, hd] x 2 (a device copy, once a mesh)."""
+        if self.kv is not None:
+            for buf, t in zip(self.kv, kv):
+                buf[slot].copy_(t)
+
+    def move(self, src: int, dst: int) -> None:
+        if self.kv is not None:
+            for buf in self.kv:
+                buf[dst].copy_(buf[src])
+
+    def __call__(self, logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        picks = logits.argmax(-1)  # [R, S]
+        r, s = picks.shape
+        cols = []
+        for i in range(r):  # device ops only: R and S are the forward's (a bucket's) shape
+            k, v = (None, None) if self.kv is None else (t[min(i, t.shape[0] - 1)] for t in self.kv)
+            heads = head_logits(self.stacked, self.lm_head, self.embed, self.dtype, self.d, hidden[i],
+                                picks[i] if self.stacked.token_input else None, k, v)[0]  # [d s, V], head-major
+            cols.append(greedy_columns(heads.view(self.d, s, -1).transpose(0, 1), self.temperature, self.path_probs,
+                                       self.width))  # [s, k]
+        return logits, hidden, torch.cat([picks[..., None].float(), torch.stack(cols)], -1)
+
+
 class XSpecMeshPool(PoolBase):
     """Head candidates for every live mesh; `decoder`: the MeshDecoder whose heads, LM head, `_candidates` it uses."""
 
     def __init__(self, decoder, target, opts, params: SamplingParams, d_max: int,
-                 draft_generators: Sequence[torch.Generator | None]) -> None:
+                 draft_generators: Sequence[torch.Generator | None], slots: int = 1) -> None:
         self.decoder, self.target, self.opts, self.params, self.d = decoder, target, opts, params, d_max
         self.draft_generators = draft_generators
         self.held = held_statics(decoder, opts, params)
@@ -200,6 +241,8 @@ class XSpecMeshPool(PoolBase):
         self.width = max(self.widths, default=1)  # the candidates a head gives
         self.nodes = tree_nodes(self.widths) if self.widths else d_max  # the most nodes a draft holds
         self.ahead = reads_ahead(target.device, params, opts, self.stacked)
+        # the heads' post-step of the verify forward for `slots` rows where they run ahead (`MeshTarget.along`)
+        self.along = self.read_ahead(slots) if self.ahead else None
         self.calls: list[int] = []  # the positions of each heads call since the last `propose` (`drafted`)
         self.stage: Stage | None = None  # at the first admission (the conditions' shape): a held one of that shape
         self.stage_key: tuple = ()  # its shapes: part of the heads' capture keys (a capture reads one stage)
@@ -210,13 +253,34 @@ class XSpecMeshPool(PoolBase):
     def admit(self, slot: int, index: int, prompt: list[int], first: TargetOut) -> None:
         h = first.features[0, -1]  # [dim]: the start's hidden state
         context = self.stacked.context_kv(self.decoder.heads.context_kv(self.target.conditions[index]))
-        if self.stage is None:  # every verify position when read ahead, else one
-            w = self.nodes + 1 if self.ahead else 1
-            self.stage_key = ("stage", tuple(h.shape), w, None if context is None else tuple(t.shape for t in context))
-            self.stage = self.held.get(self.stage_key) or Stage.like(h, context, w, self.stacked.token_input)
+        if self.stage is None:
+            self.stage_key = ("stage", tuple(h.shape), None if context is None else tuple(t.shape for t in context))
+            self.stage = self.held.get(self.stage_key) or Stage.like(h, context, self.stacked.token_input)
             self.held[self.stage_key] = self.stage
+        if self.along is not None:
+            self.along.store(slot, context)
         self.rows[slot] = RowState(h, window(self.stacked, h[None], None), context,
                                    VertexMemory() if self.opts.vertex_lookup else None, self.draft_generators[index])
+
+    def read_ahead(self, slots: int) -> ReadAhead:
+        """The held `ReadAhead` of these statics for `slots` rows (made once: a later pool's forwards replay the
+        captures that read it); its condition buffers [slots, D, H, M, hd] x 2 of CA heads (M: the point encoder's
+        latents)."""
+        dtype, model, st = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stacked
+        key = ("ahead", slots, self.d, self.width)
+        if key not in self.held:
+            kv = None
+            if st.kind == "ca":
+                shape = (slots, st.res_b.shape[1], st.n_heads, model.enc_cfg.num_latents, st.wq.shape[-1] // st.n_heads)
+                kv = (st.res_b.new_zeros(shape), st.res_b.new_zeros(shape))
+            self.held[key] = ReadAhead(st, self.decoder._lm_head(dtype), model.decoder.tok_embeddings, dtype, self.d,
+                                       self.width, self.params.temperature, bool(self.opts.min_path_prob), kv)
+        return self.held[key]
+
+    def move(self, src: int, dst: int) -> None:
+        super().move(src, dst)
+        if self.along is not None:
+            self.along.move(src, dst)
 
     def propose(self, seqs: Sequence[list[int]], budgets: Sequence[int], stats: Sequence[DecodeStats]) -> list[Draft]:
         """1. x_{s*+1 ..} after each row's root x_{s*} = seq[-1] (seq = [cloud index] + the mesh so far)."""
@@ -244,61 +308,45 @@ class XSpecMeshPool(PoolBase):
         x_{s*} = token (token_input heads); greedy ones read as `greedy_columns`, computed with the heads."""
         stage = self.stage
         stage.row(r)
-        stage.h1.copy_(r.h)
-        if stage.token1 is not None:
-            copy_into(stage.token1, torch.tensor([token]))
+        stage.h.copy_(r.h)
+        if stage.token is not None:
+            copy_into(stage.token, torch.tensor([token]))
         inputs = {} if r.past is None else {"past": r.past}
         if greedy_draft(self.params, self.opts):
-            return Proposal.of_columns(self.run_heads(1, True, inputs).tolist()[0], self.d, self.width)
-        return head_candidates(self.run_heads(1, False, inputs), self.params, self.opts, r.generator)
+            return Proposal.of_columns(self.run_heads(True, inputs).tolist()[0], self.d, self.width)
+        return head_candidates(self.run_heads(False, inputs), self.params, self.opts, r.generator)
 
-    def run_heads(self, s: int, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The first d heads on the staged row's first s positions (`Stage`) and `inputs` (the window `past` of
-        history heads): their logits [d s, V] (head-major), or (columns) their `greedy_columns` [s, d or 2 d]: device
-        ops only. Captured heads return their graph's buffers: read them (or queue work on them) before the next
-        call."""
+    def run_heads(self, columns: bool, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The first d heads on the staged row's position (`Stage`) and `inputs` (the window `past` of history heads):
+        their logits [d, V], or (columns) their `greedy_columns` [1, d or 2 d]: device ops only. Captured heads return
+        their graph's buffers: read them before the next call."""
         dtype, model, stage, d = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stage, self.d
         path_probs = bool(self.opts.min_path_prob)
 
-        def step(past: torch.Tensor | None = None) -> tuple[torch.Tensor]:  # the stage's views: made when traced
+        def step(past: torch.Tensor | None = None) -> tuple[torch.Tensor]:
             k, v = stage.kv if stage.kv is not None else (None, None)
             logits = head_logits(self.stacked, self.decoder._lm_head(dtype), model.decoder.tok_embeddings, dtype, d,
-                                 stage.h[:s], None if stage.token is None else stage.token[:s], k, v, past)[0]
+                                 stage.h, stage.token, k, v, past)[0]
             if not columns:
                 return (logits,)
-            return (greedy_columns(logits.view(d, s, -1).transpose(0, 1), self.params.temperature, path_probs,
-                                   self.width),)
+            return (greedy_columns(logits[None], self.params.temperature, path_probs, self.width),)
 
-        self.calls.append(s)
+        self.calls.append(1)
         graphs = self.decoder.heads.graphs
-        key = ("heads", self.stage_key, d, s, columns, self.width, dtype,
+        key = ("heads", self.stage_key, d, columns, self.width, dtype,
                *((name, tuple(t.shape)) for name, t in inputs.items()))
         return (step(**inputs) if graphs is None else graphs.call(key, step, inputs))[0]
-
-    def columns(self, out: TargetOut, picks: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
-        """`ReadAlong`: for every row i and node a its verdict may end at, the greedy candidates (`greedy_columns`)
-        the next step would draft after x_{s*} = picks[i, a] on hidden state a: [n, S, d w or 2 d]. One call of the
-        heads per row on all its positions, staged at the widest verify (its most nodes + 1 positions: one captured
-        graph); positions past sizes[i] unused (stale)."""
-        n, s = picks.shape
-        stage = self.stage
-        cols = []
-        for i, r in enumerate(self.rows[:n]):
-            stage.row(r)
-            stage.h[:s].copy_(out.features[i])
-            if stage.token is not None:
-                stage.token[:s].copy_(picks[i])
-            cols.append(self.run_heads(self.nodes + 1, True, {}))  # read (stacked) before the next row's call
-        return (cols[0][None] if n == 1 else torch.stack(cols))[:, :s]  # batch 1: a view, not a stack's copy
 
     def drafted(self) -> list[int]:
         return self.calls  # each call: the d heads on its positions (`xspecmesh.HeadsForward` times one)
 
     def take(self, host: list[list[list[float]]]) -> None:
-        """`ReadAlong`: the host copy of `columns`, kept per row until its verdict says where the accepted path ends
-        (parsed then, for that node alone: all of a 64-node tree's were the largest Python item of an H200's step)."""
+        """`ReadAlong`: the host copy of the verify's `ReadAhead` columns, kept per row until its verdict says where the
+        accepted path ends (parsed then, for that node alone: all of a 64-node tree's were the largest Python item of
+        an H200's step)."""
         for r, row in zip(self.rows, host):
             r.ahead = row
+            self.calls.append(len(row))
 
     def on_accept(self, drafts: Sequence[Draft], verdicts: Sequence[Verdict], out: TargetOut,
                   sizes: Sequence[int], branches: int) -> None:

@@ -684,6 +684,35 @@ def test_a_later_xspecmesh_call_replays_the_heads_captures_unless_their_constant
     assert sampled == run(MeshDecoder(tiny_mesh_model(), tiny_heads()), SamplingParams(1.0))
 
 
+def test_read_ahead_heads_run_inside_the_verify_replay_and_a_later_call_replays_it(monkeypatch):
+    """Where the heads run ahead (`ONE_READ`: a GPU), they are the verify step's post-step, inside the backbone's
+    captured replay (`ReadAhead`): the heads' own graph serves a mesh's first step alone (its candidates come before
+    any verify), a second `generate_batch` replays the backbone's captures (the pool's held `ReadAhead` keys them),
+    and both decode greedy AR's meshes at batch 2 with candidates accepted."""
+    from specgen.methods import xspecmesh_pool
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
+
+    monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset({"cpu"}))
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    clouds = procedural_clouds(range(11, 14))
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1)
+    model = tiny_mesh_model()
+    ar = [r.tokens for r in MeshDecoder(model).generate_batch(clouds, SamplingParams(), 40, batch_size=2)]
+    decoder = MeshDecoder(model, tiny_heads(scramble=False))
+    backbone = graphs.attach(decoder.model.decoder, "on", capture=True)
+    graphs.attach(decoder.heads, "on", capture=True)
+    runs, captures = [], []
+    for _ in range(2):
+        runs.append(decoder.generate_batch(clouds, SamplingParams(), 40, opts, None, None, 2))
+        captures.append(backbone.captures)
+    posts = {key[1] for key in backbone.graphs if isinstance(key, tuple)}
+    assert len(posts) == 1 and isinstance(posts.pop(), xspecmesh_pool.ReadAhead) and captures[0] == captures[1]
+    assert decoder.heads.graphs.replays == 2 * len(clouds)
+    for res in runs:
+        assert [r.tokens for r in res] == ar and sum(sum(r.stats.accepted) for r in res) > 0
+
+
 @BOTH_SLOW
 def test_mulo_sd_with_static_steps_decodes_what_eager_decodes(capture):
     """MuLo-SD's low-resolution drafter follows the target: static steps for both, the eager run's tokens (greedy)."""
