@@ -312,11 +312,13 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
 def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     """The shipped tiny mesh GPT + heads on CUDA, float32, T 0: lossless XSpecMesh with the backbone's steps and the
     heads' step replayed from graphs equals graphs-off AR, its heads' chain and `gpu_graphs.py`'s goal row (vertex
-    lookup, a candidate tree of up to 63 nodes), and the heads' step was captured (no host sync)."""
+    lookup, a candidate tree of up to 63 nodes), and the heads' step was captured (no host sync), as were the verify
+    steps that run the heads ahead inside their replay (`ReadAhead`)."""
     from specgen.decoding.sampling import SamplingParams as SP
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from specgen.methods.xspecmesh_pool import ReadAhead
     from specgen.models import graphs
 
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device="cuda", graphs="off")
@@ -330,6 +332,9 @@ def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
         got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=2)]
         assert got == ar, opts
     assert dec.heads.graphs.replays > 0 and all(graph is not None for _, graph, _ in dec.heads.graphs.graphs.values())
+    ahead = [graph for key, (_, graph, _) in dec.model.decoder.graphs.graphs.items()
+             if isinstance(key, tuple) and isinstance(key[1], ReadAhead)]
+    assert ahead and all(graph is not None for graph in ahead)
 
 
 @pytest.mark.parametrize("captured", [False, True])
