@@ -298,15 +298,19 @@ class StepGraphs:
         """Copy a call's tree mask (per sequence: `forward`; None: a chain) into the bucket's. Padding nodes and rows
         keep what an earlier call left in the token, position and feature buffers (a valid token and position, a
         finite feature): no real node sees a padding node's slot (outside the real part the tree rows are the bucket's
-        eye) and a padding row writes into the scratch row, so a real node's bits do not depend on them."""
-        rows = n * branches
-        real_tree, chain = x.real(n, s, branches)[3:]
-        if x.dirty == (rows, s, True) and tree_mask is None:  # the last call's chain is in place (a catch-up's)
+        causal base, where no node sees a later one) and a padding row writes into the scratch row, so a real node's
+        bits do not depend on them. A chain of any length reads the causal base as it is: no copy (a chain's length
+        changes every step)."""
+        if tree_mask is None:
+            if x.dirty is not None:  # a tree's mask is in it
+                x.tree.copy_(x.causal)
+                x.dirty = None
             return
-        if rows < x.dirty[0] or s < x.dirty[1]:  # the last call's tree rows reach past this call's: eye again
-            x.tree.copy_(x.eye)
-        x.dirty = (rows, s, tree_mask is None)
-        real_tree.copy_(chain if tree_mask is None else tree_mask)
+        rows = n * branches
+        if x.dirty is not None and (rows < x.dirty[0] or s < x.dirty[1]):  # the last tree reaches past this one
+            x.tree.copy_(x.causal)
+        x.dirty = (rows, s)
+        x.real(n, s, branches)[3].copy_(tree_mask)
 
     def record(self, step: Callable[[], tuple], what: str):
         """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory

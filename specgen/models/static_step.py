@@ -42,35 +42,35 @@ class StaticInputs:
     features: torch.Tensor | None = None  # [R, S, D] (EAGLE's inputs)
     joined: torch.Tensor | None = None  # [R, S, 2 D]: EAGLE's input already joined (a growth level's, by its beam)
     rotation: Rotation | None = None  # a drafter level's (made for all its levels at once); else the positions'
-    eye: torch.Tensor | None = None  # [R, S, S]: a padding node sees itself
-    chain: torch.Tensor | None = None  # [S, S]: a chain's tree mask
+    # [R, S, S]: every node of every row sees itself and the nodes before it: a chain's mask for any real part, and
+    # the base a tree's is written over (a padding node sees itself; no real node sees a node after it)
+    causal: torch.Tensor | None = None
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
-    # the last call's rows, nodes and whether its tree was the chain: outside its rows and nodes `tree` holds the `eye`
-    dirty: tuple[int, int, bool] = (0, 0, False)
+    # None: `tree` is the causal base; else the last tree's rows and nodes, the causal base outside them
+    dirty: tuple[int, int] | None = None
     ints: torch.Tensor | None = None  # [2 R S + 3 R]: tokens, positions, meta, `last`: one buffer (views), one copy
     last: torch.Tensor | None = None  # [R]: each row's last real node (a catch-up's roots: `StepGraphs.forward_host`)
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
         """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
-        (a sequence's branch rows are consecutive: a copy of per-sequence inputs broadcasts over the branches), and
-        the chain mask [s, s]: views made once per shape (a view is a host op, and a step stages several)."""
+        (a sequence's branch rows are consecutive: a copy of per-sequence inputs broadcasts over the branches): views
+        made once per shape (a view is a host op, and a step stages several)."""
         if (n, s, branches) not in self.views:
             rows = n * branches
             per_branch = lambda t: t[:rows, :s].unflatten(0, (n, branches)).transpose(0, 1)  # noqa: E731
             self.views[n, s, branches] = (
                 per_branch(self.tokens), per_branch(self.positions),
                 None if self.features is None else per_branch(self.features),
-                per_branch(self.tree)[..., :s], self.chain[:s, :s])
+                per_branch(self.tree)[..., :s])
         return self.views[n, s, branches]
 
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
         r, s = b.rows, b.nodes
         ints = torch.zeros(2 * r * s + 3 * r, dtype=torch.long, device=device)
-        eye = torch.eye(s, dtype=torch.bool, device=device)
+        causal = torch.ones(s, s, dtype=torch.bool, device=device).tril().expand(r, -1, -1)
         return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s : -r].view(2, r),
-                   eye.repeat(r, 1, 1), eye=eye.expand(r, -1, -1), chain=torch.ones_like(eye).tril(), ints=ints,
-                   last=ints[-r:],
+                   causal.clone(), causal=causal, ints=ints, last=ints[-r:],
                    features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
                                                                       device=device))
 
@@ -113,7 +113,8 @@ def meta_rows(lengths: list[int], rows: int, bucket_rows: int, scratch: int) -> 
 def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names; or a
     drafter level's `lists` as a mask. A node always sees its own slot, so that a padding node's key and value stay
-    finite: every tree mask holds its diagonal (a padding node's row is the bucket's `eye`), every list its own slot."""
+    finite: every tree mask holds its diagonal (a padding node's row is the bucket's causal base), every list its own
+    slot."""
     r, s = x.tokens.shape
     if x.lists is not None:
         idx = x.lists[0].long()

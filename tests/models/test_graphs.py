@@ -120,7 +120,8 @@ def test_buckets_of_sliced_products_fill_whole_slices_so_no_product_copies_its_r
 
 def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slots():
     """A bucket's visibility over its cache slots: a row's committed slots, the pending slots its tree mask names and
-    its own (a padding node and a padding row: their own only), by a walk over the slots."""
+    its own (a padding node and a padding row: the causal base's, their own and the nodes before them), by a walk over
+    the slots."""
     model = tiny_model(0)
     steps = graphs.attach(model, "on", capture=False)
     steps.new_cache(3, 40)
@@ -136,8 +137,33 @@ def test_a_staged_buckets_visibility_is_each_nodes_committed_pending_and_own_slo
             for slot in range(b.width):
                 j = slot - lengths[r]
                 real = r < 3 and q < 3 and 0 <= j < 3
-                want[r, 0, q, slot] = j < 0 or (bool(tree[q, j]) if real else j == q)
+                want[r, 0, q, slot] = j < 0 or (bool(tree[q, j]) if real else j <= q)
     assert torch.equal(static_step.visibility(x, b.width), want)
+
+
+def test_a_buckets_tree_masks_hold_each_calls_mask_and_a_chain_reuses_the_causal_base():
+    """Trees and chains of other sizes in turn over one bucket's inputs: each call's real nodes see exactly its mask
+    (nothing past its nodes), every node sees itself and no later node (padding ones: the causal base's), and a chain
+    after a chain writes nothing (a chain's length changes every step: no copy a step)."""
+    model = tiny_model(0)
+    steps = graphs.attach(model, "on", capture=False)
+    steps.new_cache(3, 40)
+    b = steps.bucket(3, 5, 20)
+    x = StaticInputs.for_bucket(b, "cpu")
+    root_and_children = lambda s: torch.eye(s, dtype=torch.bool) | (torch.arange(s) > 0)[:, None] & (  # noqa: E731
+        torch.arange(s) == 0)[None, :]
+    calls = [(3, 3, root_and_children(3)), (2, 2, None), (2, 5, None), (3, 2, root_and_children(2)),
+             (1, 4, root_and_children(4)), (3, 1, None), (3, 3, root_and_children(3))]
+    for i, (n, s, tree) in enumerate(calls):
+        before = x.tree._version
+        steps.stage_tree(x, n, s, 1, tree)
+        mask = torch.ones(s, s, dtype=torch.bool).tril() if tree is None else tree
+        assert torch.equal(x.tree[:n, :s, :s], mask.expand(n, s, s)), (n, s)
+        assert not x.tree[:n, :s, s:].any()  # no real node sees a node past the call's
+        assert torch.equal(x.tree & ~x.causal, torch.zeros_like(x.tree))  # nothing after a node, anywhere
+        assert x.tree.diagonal(dim1=1, dim2=2).all()
+        if i in (1, 2):  # a chain after a tree copies the causal base back; the chain after it, nothing
+            assert (x.tree._version == before) == (i == 2)
 
 
 def test_a_step_that_reads_the_host_fails_the_check():
@@ -265,7 +291,7 @@ def test_a_step_over_its_width_bucket_gives_the_bits_of_the_whole_buffer(dtype):
     x.tokens.copy_(torch.randint(0, cfg.vocab_size, (2, 4)))
     x.meta.copy_(torch.tensor([[200, 37], [0, 1]]))  # lengths; cache rows written
     x.positions.copy_(x.meta[0][:, None] + torch.arange(4))
-    x.tree.copy_(x.chain)
+    x.tree.copy_(x.causal)
     with torch.inference_mode():
         narrow = target_step(model, x, k, v, None, 256)
         whole = target_step(model, x, k, v, None, None)
@@ -753,7 +779,7 @@ def test_residual_adds_inside_the_norms_give_the_blocks_bits(dtype, monkeypatch)
     x.tokens.copy_(torch.randint(0, model.cfg.vocab_size, (2, 4), generator=torch.Generator().manual_seed(0)))
     x.meta[0] = torch.tensor([3, 7])
     x.meta[1] = torch.tensor([0, 1])
-    x.tree.copy_(x.chain.expand(2, 4, 4))
+    x.tree.copy_(x.causal)
     with torch.inference_mode():
         fused = target_step(model, x, steps.k, steps.v, None, b.width)
         monkeypatch.setattr(static_step, "deferrable", lambda *a: False)  # each block's forward, its add on its own

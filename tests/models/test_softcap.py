@@ -125,7 +125,7 @@ def test_the_final_cap_is_applied_to_every_forwards_logits():
         x = StaticInputs.for_bucket(Bucket(1, 5, 8), "cpu")
         x.tokens.copy_(tokens)
         x.positions.copy_(positions)
-        x.tree.copy_(x.chain)
+        x.tree.copy_(x.causal)
         cache = capped.new_cache(2, 8)
         k, v = (torch.stack([layer[i] for layer in cache.layers]) for i in (0, 1))
         torch.testing.assert_close(target_step(capped, x, k, v, None)[0], torch.tanh(z / 1.5) * 1.5)
