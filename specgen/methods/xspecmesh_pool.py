@@ -23,6 +23,7 @@ from specgen.errors import UsageError
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
+from specgen.models.graphs import ROW_BUCKETS
 from specgen.models.heads import StackedHeads, head_logits
 
 #: Precision of the heads' LM-head projection (candidates only; the backbone, hence acceptance, stays float32):
@@ -187,8 +188,8 @@ class ReadAhead:
     """The verify forward's post-step where the heads run ahead (`reads_ahead`; `MeshTarget.along`), inside its
     captured replay or after its eager forward: each position's greedy pick and, on its hidden state (and pick: token
     input heads), the first d heads' `greedy_columns`, as logits, hidden, block [R, S, 1 + k] float32 (picks first:
-    one host copy reads both). Row i reads slot i's condition K/V (`store`; a padding row past them, the last slot's).
-    Hashed by identity: it keys the backbone's captures, so a later pool with the same statics reuses it
+    one host copy reads both); every row in each product of the heads at once, row i attending to slot i's condition
+    K/V (`store`). Hashed by identity: it keys the backbone's captures, so a later pool with the same statics reuses it
     (`held_statics`)."""
 
     stacked: StackedHeads
@@ -199,7 +200,9 @@ class ReadAhead:
     width: int
     temperature: float
     path_probs: bool
-    kv: tuple[torch.Tensor, torch.Tensor] | None  # [C, D, H, M, hd] x 2: each slot's condition K/V (CA heads)
+    # [C, D, H, M, hd] x 2: each slot's condition K/V (CA heads), C the row bucket of the pool's slots (a captured
+    # forward's rows; those past the live ones pad)
+    kv: tuple[torch.Tensor, torch.Tensor] | None
 
     def store(self, slot: int, kv: tuple[torch.Tensor, torch.Tensor] | None) -> None:
         """Slot `slot`'s condition K/V [D, H, M, hd] x 2 (a device copy, once a mesh)."""
@@ -213,16 +216,14 @@ class ReadAhead:
                 buf[dst].copy_(buf[src])
 
     def __call__(self, logits: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        picks = logits.argmax(-1)  # [R, S]
+        picks = logits.argmax(-1)  # [R, S]: device ops only, R and S the forward's (a bucket's) shape
         r, s = picks.shape
-        cols = []
-        for i in range(r):  # device ops only: R and S are the forward's (a bucket's) shape
-            k, v = (None, None) if self.kv is None else (t[min(i, t.shape[0] - 1)] for t in self.kv)
-            heads = head_logits(self.stacked, self.lm_head, self.embed, self.dtype, self.d, hidden[i],
-                                picks[i] if self.stacked.token_input else None, k, v)[0]  # [d s, V], head-major
-            cols.append(greedy_columns(heads.view(self.d, s, -1).transpose(0, 1), self.temperature, self.path_probs,
-                                       self.width))  # [s, k]
-        return logits, hidden, torch.cat([picks[..., None].float(), torch.stack(cols)], -1)
+        k, v = (None, None) if self.kv is None else (t[:r] for t in self.kv)  # [R, D, H, M, hd] each
+        heads = head_logits(self.stacked, self.lm_head, self.embed, self.dtype, self.d, hidden.reshape(r * s, -1),
+                            picks.view(-1) if self.stacked.token_input else None, k, v)[0]  # [d R S, V], head-major
+        cols = greedy_columns(heads.view(self.d, r, s, -1).permute(1, 2, 0, 3), self.temperature, self.path_probs,
+                              self.width)  # [R, S, k]: all rows' heads in one call of each product
+        return logits, hidden, torch.cat([picks[..., None].float(), cols], -1)
 
 
 class XSpecMeshPool(PoolBase):
@@ -264,14 +265,15 @@ class XSpecMeshPool(PoolBase):
 
     def read_ahead(self, slots: int) -> ReadAhead:
         """The held `ReadAhead` of these statics for `slots` rows (made once: a later pool's forwards replay the
-        captures that read it); its condition buffers [slots, D, H, M, hd] x 2 of CA heads (M: the point encoder's
+        captures that read it); its condition buffers [C, D, H, M, hd] x 2 of CA heads (M: the point encoder's
         latents)."""
         dtype, model, st = DRAFT_DTYPES[self.opts.draft_dtype], self.decoder.model, self.stacked
         key = ("ahead", slots, self.d, self.width)
         if key not in self.held:
             kv = None
             if st.kind == "ca":
-                shape = (slots, st.res_b.shape[1], st.n_heads, model.enc_cfg.num_latents, st.wq.shape[-1] // st.n_heads)
+                rows = next((r for r in ROW_BUCKETS if r >= slots), slots)  # a captured verify's rows: at most these
+                shape = (rows, st.res_b.shape[1], st.n_heads, model.enc_cfg.num_latents, st.wq.shape[-1] // st.n_heads)
                 kv = (st.res_b.new_zeros(shape), st.res_b.new_zeros(shape))
             self.held[key] = ReadAhead(st, self.decoder._lm_head(dtype), model.decoder.tok_embeddings, dtype, self.d,
                                        self.width, self.params.temperature, bool(self.opts.min_path_prob), kv)

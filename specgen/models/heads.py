@@ -194,16 +194,20 @@ class StackedHeads:
                  emb: torch.Tensor | None = None, past: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states h [S, dim] (+ E(x_{s+1}) emb [S, dim]) -> head features [D S, dim], head-major (before the LM
         head; [D, dim] for one state); each layer of all D heads on all S states one `bmm`. past [D, W', 2 inner]
-        (history heads, S = 1): `project_history` of the latest hidden states, newest (= h) first."""
+        (history heads, S = 1): `project_history` of the latest hidden states, newest (= h) first. Condition K/V of R
+        rows ([R, D, H, M, hd] each): h holds R rows' states, S / R each in row order, each attending to its own."""
         z = h.expand(self.res_b.shape[1], *h.shape)  # [D, S, dim]
         if self.tok_w is not None:
             z = z + torch.bmm(emb.expand_as(z), self.tok_w)  # [D, S, dim]
         if self.kind == "ca":
             q = torch.bmm(rms_norm(z, self.norm_w[:, None], self.eps), self.wq)  # [D, S, inner]
             d, s, inner = q.shape
-            q = q.view(d, s, self.n_heads, inner // self.n_heads).transpose(1, 2)  # [D, H, S, hd]
-            k, v = kv if not self.history else self.with_history(kv, past)  # [D, H, M (+ W'), hd]
-            y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(d, s, inner)  # [D, S, inner]
+            k, v = kv if not self.history else self.with_history(kv, past)  # [(R,) D, H, M (+ W'), hd]
+            r = k.shape[0] if k.dim() == 5 else 1
+            q = q.view(d, r, s // r, self.n_heads, inner // self.n_heads).permute(1, 0, 3, 2, 4)  # [R, D, H, S/R, hd]
+            y = F.scaled_dot_product_attention(q.flatten(0, 1), k.reshape(-1, *k.shape[-3:]),
+                                               v.reshape(-1, *v.shape[-3:]))  # [R D, H, S/R, hd]
+            y = y.view(r, d, *y.shape[1:]).permute(1, 0, 3, 2, 4).reshape(d, s, inner)  # [D, S, inner]
             z = z + torch.bmm(y, self.wo)  # [D, S, dim]
         for w, b in zip(self.res_w, self.res_b):  # one ResBlock of each of the D heads at once
             z = z + F.silu(torch.baddbmm(b.unsqueeze(1), z, w))

@@ -99,6 +99,23 @@ def test_stacked_heads_equal_the_per_head_modules(kind, token_input, res_layers,
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("token_input", [False, True])
+def test_stacked_heads_on_rows_read_each_rows_own_condition(token_input):
+    """Three rows' states in one call, each row with its own condition K/V ([R, D, H, M, hd]: the read-ahead heads of a
+    batch, `ReadAhead`) == each row's call alone; the control: every row under row 0's condition differs."""
+    heads = tiny_heads(token_input=token_input)
+    stacked = heads.stacked()
+    h, emb = torch.randn(3, 4, 32), torch.randn(3, 4, 32)
+    kvs = [stacked.context_kv(heads.context_kv(torch.randn(1, 8, 32))) for _ in range(3)]  # [D, H, M, hd] x 2 each
+    rows = tuple(torch.stack([kv[i] for kv in kvs]) for i in (0, 1))  # [R, D, H, M, hd] x 2
+    with torch.no_grad():
+        got = stacked.features(h.flatten(0, 1), rows, emb.flatten(0, 1)).view(-1, 3, 4, 32)  # [D, R, S, dim]
+        alone = torch.stack([stacked.features(h[i], kvs[i], emb[i]).view(-1, 4, 32) for i in range(3)], 1)
+        same = stacked.features(h.flatten(0, 1), tuple(t[:1].expand_as(t) for t in rows), emb.flatten(0, 1))
+    torch.testing.assert_close(got, alone, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(same.view(-1, 3, 4, 32), alone)
+
+
 def test_history_heads_read_earlier_hidden_states_only():
     """Row s of a history head depends on rows s - W + 1 .. s and on no later row (causal); the window slides."""
     heads, cond = tiny_heads(history=2), torch.randn(1, 8, 32)
