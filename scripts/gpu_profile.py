@@ -169,7 +169,8 @@ def image_case(device: str, top: int) -> None:
 
 def mesh_case(device: str, top: int) -> None:
     """Mesh AR and lossless XSpecMesh with vertex lookup at batch 1, as a chain (gpu_graphs.py's goal row) and as a
-    candidate tree: the heads' share of a step, and what a verify of up to 64 rows costs against AR's one."""
+    candidate tree: what a verify of up to 64 rows costs against AR's one, the heads' kernels inside it (`ReadAhead`:
+    one replay a step where the heads' own made two)."""
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.generate.mesh import load_mesh_model
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
