@@ -211,6 +211,7 @@ class ReadAhead:
                 buf[slot].copy_(t)
 
     def move(self, src: int, dst: int) -> None:
+        """Slot src's condition continues in slot dst (the loop compacts its live rows)."""
         if self.kv is not None:
             for buf in self.kv:
                 buf[dst].copy_(buf[src])
