@@ -41,10 +41,11 @@ class ArSteps(PolicyBase):
         rows' lengths advanced past the nodes before it, which stay where the commit keeps them."""
         lo, hi, br = min(feeds), max(feeds) + 1, target.branches
         view = cache.rows(lo * br, hi * br)
-        tokens = host_tensor([[feeds[i][0] if i in feeds else 0] for i in range(lo, hi)], target.device)  # [n, 1]
-        starts = host_tensor([[p] for p in view.lengths[::br]], target.device)  # [n, 1]: each root's position
-        if self.chunk == 1:  # one step: no greedy pick to feed on, nothing to join (each an eager launch on CUDA)
+        tokens = [[feeds[i][0] if i in feeds else 0] for i in range(lo, hi)]  # [n][1]: the roots
+        starts = [[p] for p in view.lengths[::br]]  # [n][1]: their positions
+        if self.chunk == 1:  # one step: its inputs from the host (a captured step's one copy), nothing to join
             return Span(view, target.forward(tokens, starts, view, None), (1,) * (hi - lo))  # logits [n, 1, V]
+        tokens, starts = host_tensor([tokens, starts], target.device)  # on the device: the picks feed on them
         lengths, outs = list(view.lengths), []
         for j in range(self.chunk):
             view.lengths = [n + j for n in lengths]

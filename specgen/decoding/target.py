@@ -38,9 +38,12 @@ class Target(Protocol):
         """Run a prompt [B, P] from empty rows; commits it; logits of the last position only."""
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None
+        self, tokens: torch.Tensor | list, positions: torch.Tensor | list, cache: KVCache,
+        tree_mask: torch.Tensor | None
     ) -> TargetOut:
-        """Score S pending nodes [B, S] at positions [B, S] under tree_mask [S, S]; does not commit."""
+        """Score S pending nodes [B, S] at positions [B, S] under tree_mask [S, S]; does not commit. Tokens and
+        positions built on the host come as nested lists (a captured step stages them in one copy, the eager forward
+        moves them), made on the device as tensors; a list's tree mask is on the host too."""
 
 
 class ModelTarget:

@@ -66,11 +66,6 @@ def host_batch(roots: list[int], drafts: list[Draft], starts: list[int]) -> Host
                       for p, d, n in zip(starts, drafts, sizes)], mask, sizes)
 
 
-def verify_batch(roots: list[int], drafts: list[Draft], starts: list[int], device) -> VerifyBatch:
-    """`host_batch` on `device`, in one copy (and the mask's)."""
-    return host_batch(roots, drafts, starts).to(device)
-
-
 def tree_inputs(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor, roots: torch.Tensor,
                 root_pos: torch.Tensor, levels: int) -> tuple[torch.Tensor, ...]:
     """The verify's inputs for n trees of up to t nodes on the device: tokens, positions [n, S] and tree mask
@@ -105,9 +100,10 @@ class Span:
 
 def forward_span(target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
     """One forward over the sequences [lo, hi) spanning `feeds` (sequence -> root, draft; one between them feeds a
-    padding node)."""
+    padding node). Its inputs stay on the host, as lists: a captured step stages them in one copy with its own, an
+    eager forward moves them (`Transformer.eager`)."""
     lo, hi, br = min(feeds), max(feeds) + 1, target.branches
     view = cache.rows(lo * br, hi * br)
     fed = [feeds.get(i, (0, Draft.empty())) for i in range(lo, hi)]
-    batch = verify_batch([r for r, _ in fed], [d for _, d in fed], view.lengths[::br], target.device)
-    return Span(view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask), batch.sizes)
+    batch = host_batch([r for r, _ in fed], [d for _, d in fed], view.lengths[::br])
+    return Span(view, target.forward(batch.tokens, batch.positions, view, batch.tree_mask()), batch.sizes)

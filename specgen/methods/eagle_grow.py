@@ -43,7 +43,7 @@ class GrownTrees:
     done: torch.cuda.Event | None = None  # the growth's end in the device's queue (`devices.mark`)
 
     def batch(self) -> VerifyBatch:
-        """The verify's inputs (`tree_inputs`), cut to the fullest row (the shapes `verify_batch` gives the drafts)."""
+        """The verify's inputs (`tree_inputs`), cut to the fullest row (the shapes `host_batch` gives the drafts)."""
         s = 1 + max(self.counts)
         tokens, positions, mask = self.inputs
         if s < tokens.shape[1]:  # a slice is a host op: none where the fullest row fills the trees' width

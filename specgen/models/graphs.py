@@ -126,22 +126,30 @@ class StepGraphs:
         """The narrowest width bucket (MIN_WIDTH, doubling, at most the static buffer's) that holds `slots` slots."""
         return min(max(MIN_WIDTH, 1 << (slots - 1).bit_length()), self.k.shape[3])
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, tree_mask: torch.Tensor | None,
-                branches: int = 1, post: Callable | None = None) -> tuple[torch.Tensor, ...] | None:
+    def forward(self, tokens: torch.Tensor | list, positions: torch.Tensor | list, cache: KVCache,
+                tree_mask: torch.Tensor | None, branches: int = 1,
+                post: Callable | None = None) -> tuple[torch.Tensor, ...] | None:
         """The step's outputs for the real part by a replay, or None where this call must run eagerly. tokens,
         positions [n, S] (and a [n, S, S] tree mask) are per sequence, each sequence run on its `branches`
-        consecutive cache rows; `post` (hashable: it keys the captures) maps the step's outputs inside the replay
-        (CFG's combine: image/target.py). An output's real rows are the n * branches rows, or n where `post` made
-        one a sequence."""
-        n, s = tokens.shape
+        consecutive cache rows; as nested lists (built on the host) they go in with the bucket's meta in one copy.
+        `post` (hashable: it keys the captures) maps the step's outputs inside the replay (CFG's combine:
+        image/target.py). An output's real rows are the n * branches rows, or n where `post` made one a sequence."""
+        host = isinstance(tokens, list)
+        n, s = (len(tokens), len(tokens[0])) if host else tokens.shape
 
         def stage(x: StaticInputs, b: Bucket) -> None:
-            real_tokens, real_positions = x.real(n, s, branches)[:2]
+            rows = n * branches
+            meta = meta_rows(cache.lengths, rows, b.rows, self.capacity)  # [2][R]
+            if host:  # built on the host (a verify's, an AR step's): tokens, positions and meta in one copy; padding
+                # nodes and rows get token 0 at position 0 (finite, seen by no real node)
+                pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - rows))
+                block = lambda t: [v for row in t for _ in range(branches) for v in row + pad] + pad_rows  # noqa: E731
+                copy_into(x.ints, torch.tensor(block(tokens) + block(positions) + meta[0] + meta[1] + [0] * b.rows))
+                return
+            real_tokens, real_positions = x.real(n, s, branches)[:2]  # made on the device (run_ahead, a growth)
             real_tokens.copy_(tokens)
             real_positions.copy_(positions)
-            rows = n * branches
-            host = torch.tensor(meta_rows(cache.lengths, rows, b.rows, self.capacity))
-            copy_into(x.meta, host)
+            copy_into(x.meta, torch.tensor(meta))
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
@@ -310,7 +318,11 @@ class StepGraphs:
         if x.dirty is not None and (rows < x.dirty[0] or s < x.dirty[1]):  # the last tree reaches past this one
             x.tree.copy_(x.causal)
         x.dirty = (rows, s)
-        x.real(n, s, branches)[3].copy_(tree_mask)
+        real = x.real(n, s, branches)[3]  # [br, n, s, s]
+        if tree_mask.device == real.device:
+            real.copy_(tree_mask)
+        else:  # a host mask whole, its branch rows repeated there (a broadcast from the host would wait)
+            copy_into(real, tree_mask.expand(real.shape).contiguous())
 
     def record(self, step: Callable[[], tuple], what: str):
         """A key's first call: (outputs, its graph), or (outputs, None) where steps run uncaptured. Out of GPU memory

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from specgen.decoding.draft import Draft
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import tree_inputs, verify_batch
+from specgen.decoding.verify import host_batch, tree_inputs
 from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import run_batch
@@ -148,7 +148,7 @@ def test_best_nodes_equal_the_reference_with_ties_and_padding():
     logits = torch.randn(len(rows), max(counts) + 1, 9)
     assert trees.read(logits) == (want, logits.argmax(-1).tolist())
     ref = reference_inputs(roots, want, starts)
-    for batch in (trees.batch(), verify_batch(roots, want, starts, "cpu")):  # from the device's trees, from drafts
+    for batch in (trees.batch(), host_batch(roots, want, starts).to("cpu")):  # from the device's trees, from drafts
         assert batch.sizes == tuple(d.size + 1 for d in want)
         assert [torch.equal(a, b) for a, b in zip((batch.tokens, batch.positions, batch.tree_mask), ref)] == [True] * 3
 

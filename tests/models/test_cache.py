@@ -7,7 +7,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import verify_batch
+from specgen.decoding.verify import host_batch
 from specgen.models.cache import KVCache
 from tests.conftest import tiny_model
 
@@ -37,7 +37,7 @@ def test_tree_commit_equals_ar_cache():
     cache = model.new_cache(1, 32)
     model(prefix[:, :-1], torch.arange(3).unsqueeze(0), cache)
     cache.commit(0, [0, 1, 2])
-    batch = verify_batch([7], [Draft(tuple(draft_tokens[0].tolist()), tree)], [3], "cpu")  # root 7 at position 3
+    batch = host_batch([7], [Draft(tuple(draft_tokens[0].tolist()), tree)], [3]).to("cpu")  # root 7 at position 3
     tree_logits, _ = model(batch.tokens, batch.positions, cache, batch.tree_mask[0])
     cache.commit(0, [0] + [i + 1 for i in path])
 
