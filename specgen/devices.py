@@ -133,6 +133,13 @@ def host_tensor(data, device) -> torch.Tensor:
     return to_device(torch.tensor(data), device)
 
 
+def host_inputs(tokens: list, positions: list, mask: torch.Tensor | None, device) -> tuple:
+    """A forward's inputs built on the host on `device` without a wait: tokens and positions [n][S] in one copy, the
+    host tree mask (or None) in another."""
+    tokens, positions = host_tensor([tokens, positions], device)
+    return tokens, positions, None if mask is None else to_device(mask, device)
+
+
 def to_device(t: torch.Tensor, device) -> torch.Tensor:
     """A host tensor queued to `device` without making the host wait: on cuda through page-locked memory (a copy from
     pageable memory waits for everything queued before it), elsewhere `t.to(device)`."""

@@ -8,7 +8,7 @@ import torch
 
 from specgen.decoding.draft import Draft
 from specgen.decoding.target import Target, TargetOut
-from specgen.devices import host_tensor, to_device
+from specgen.devices import host_inputs
 from specgen.models.cache import KVCache
 
 
@@ -41,9 +41,7 @@ class HostBatch:
 
     def to(self, device) -> VerifyBatch:
         """On `device`: tokens and positions in one copy, the mask in another."""
-        tokens, positions = host_tensor([self.tokens, self.positions], device)
-        mask = self.tree_mask()
-        return VerifyBatch(tokens, positions, None if mask is None else to_device(mask, device), self.sizes)
+        return VerifyBatch(*host_inputs(self.tokens, self.positions, self.tree_mask(), device), self.sizes)
 
 
 def host_batch(roots: list[int], drafts: list[Draft], starts: list[int]) -> HostBatch:

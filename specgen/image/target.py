@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.decoding.target import TargetOut
-from specgen.devices import host_tensor, to_device
+from specgen.devices import host_inputs
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
 from specgen.models import kernel_choice
@@ -57,8 +57,7 @@ class CFGTarget:
         if replayed is not None:
             return TargetOut(*replayed)
         if isinstance(tokens, list):  # built on the host (`forward_span`): the eager forward's on the device
-            tokens, positions = host_tensor([tokens, positions], self.device)
-            tree_mask = None if tree_mask is None else to_device(tree_mask, self.device)
+            tokens, positions, tree_mask = host_inputs(tokens, positions, tree_mask, self.device)
         if tree_mask is not None and tree_mask.dim() == 3:
             tree_mask = tree_mask.repeat_interleave(b, 0)
         logits, hidden = self.model.eager(tokens.repeat_interleave(b, 0), positions.repeat_interleave(b, 0), cache,

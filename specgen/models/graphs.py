@@ -138,18 +138,13 @@ class StepGraphs:
         n, s = (len(tokens), len(tokens[0])) if host else tokens.shape
 
         def stage(x: StaticInputs, b: Bucket) -> None:
-            rows = n * branches
-            meta = meta_rows(cache.lengths, rows, b.rows, self.capacity)  # [2][R]
-            if host:  # built on the host (a verify's, an AR step's): tokens, positions and meta in one copy; padding
-                # nodes and rows get token 0 at position 0 (finite, seen by no real node)
-                pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - rows))
-                block = lambda t: [v for row in t for _ in range(branches) for v in row + pad] + pad_rows  # noqa: E731
-                copy_into(x.ints, torch.tensor(block(tokens) + block(positions) + meta[0] + meta[1] + [0] * b.rows))
+            if host:  # built on the host (a verify's, an AR step's): tokens, positions and meta in one copy
+                self.stage_host(x, b, tokens, positions, cache, [0] * b.rows, branches)
                 return
             real_tokens, real_positions = x.real(n, s, branches)[:2]  # made on the device (run_ahead, a growth)
             real_tokens.copy_(tokens)
             real_positions.copy_(positions)
-            copy_into(x.meta, torch.tensor(meta))
+            copy_into(x.meta, torch.tensor(meta_rows(cache.lengths, n * branches, b.rows, self.capacity)))
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
@@ -163,17 +158,24 @@ class StepGraphs:
         n, s = len(batch.tokens), len(batch.tokens[0])
 
         def stage(x: StaticInputs, b: Bucket) -> None:
-            pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - n))  # padding: token 0 at position 0
-            block = lambda rows: [v for row in rows for v in row + pad] + pad_rows  # noqa: E731  [R, S] flat
-            meta = meta_rows(cache.lengths, n, b.rows, self.capacity)
             last = [m - 1 for m in batch.sizes] + [0] * (b.rows - n)  # a padding row: its node 0's (finite)
-            host = torch.tensor(block(batch.tokens) + block(batch.positions) + meta[0] + meta[1] + last)
-            copy_into(x.ints, host)
+            self.stage_host(x, b, batch.tokens, batch.positions, cache, last)
             x.real(n, s)[2].copy_(features)
 
         roots = self.root_buffer(features.shape[-1])
         outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage, roots)
         return None if outs is None else roots[:n]
+
+    def stage_host(self, x: StaticInputs, b: Bucket, tokens: list, positions: list, cache: KVCache, last: list,
+                   branches: int = 1) -> None:
+        """Inputs built on the host into the bucket's int buffer in one copy from page-locked memory: tokens and
+        positions [n][S] (each sequence's on its `branches` rows), the meta of its rows and `last` [R]. Padding nodes
+        and rows get token 0 at position 0 (finite, seen by no real node)."""
+        rows, s = len(tokens) * branches, len(tokens[0])
+        pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - rows))
+        block = lambda t: [v for row in t for _ in range(branches) for v in row + pad] + pad_rows  # noqa: E731  [R, S]
+        meta = meta_rows(cache.lengths, rows, b.rows, self.capacity)
+        copy_into(x.ints, torch.tensor(block(tokens) + block(positions) + meta[0] + meta[1] + last))
 
     def root_buffer(self, dim: int) -> torch.Tensor:
         """`roots` [C, 1, dim], made on first use (outside any capture: every growth graph reads the one buffer)."""

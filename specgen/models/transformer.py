@@ -12,7 +12,7 @@ from torch import nn
 
 from specgen.errors import ContextOverflowError
 from specgen.models import kernel_choice, native_block
-from specgen.devices import host_tensor, to_device
+from specgen.devices import host_inputs, host_tensor
 from specgen.models.attention import (PLANS, NativePlan, capped_attention, in_window, invariant_attention,
                                       key_positions, native_self_attention, plan)
 from specgen.models.cache import KVCache
@@ -480,8 +480,7 @@ class Transformer(nn.Module):
     def eager(self, tokens, positions, cache=None, tree_mask=None, embeds=None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` run eagerly, its captured steps not asked (e.g. they just declined this call)."""
         if isinstance(positions, list):  # built on the host (a verify's, an AR step's), as captured steps stage them
-            tokens, positions = host_tensor([tokens, positions], self.device)
-            tree_mask = None if tree_mask is None else to_device(tree_mask, self.device)
+            tokens, positions, tree_mask = host_inputs(tokens, positions, tree_mask, self.device)
         h = self.embed(tokens) if embeds is None else embeds
         hidden = self.hidden_states(h, positions, cache, tree_mask)
         return self.logits(hidden), hidden
