@@ -64,6 +64,7 @@ class Run:
     on_tokens: Callable[[int, list[int]], None] | None = None  # (prompt index, tokens just emitted) as they come
 
 
+@torch.no_grad()  # the loop's eager ops too (a commit's moves: kernel_choice.one_pass asks for autograd off)
 def decode_batch(
     target: Target,
     policy: StepPolicy,

@@ -17,6 +17,7 @@ from specgen.generate.image_methods import ImageParts, build_image_method
 from specgen.image.target import CFGTarget
 from specgen.methods import METHODS, run_batch
 from specgen.methods.text import EmptyDrafter
+from specgen.models.cache import KVCache
 from tests.conftest import LOSSLESS_IMAGE, decode
 from tests.image.helpers import TinyEagle, tiny_image_gpt
 from tests.image_fixtures import one_thread
@@ -67,6 +68,27 @@ def test_lossless_image_methods_batched_equal_alone_and_ar(method, cfg_scale):
 #: trees of more nodes than image generate's draft cap (its MAX_DRAFT sizes the loop's cache): wide and shallow
 WIDE = {"eagle2": {"depth": 3, "top_k": 32, "total_tokens": MAX_DRAFT + 8},
         "adt-tree": {"d0": 3, "k0": 20, "k_max": 32, "total_tokens": MAX_DRAFT + 8}}
+
+
+@pytest.mark.parametrize("method", LOSSLESS_IMAGE)
+def test_the_loop_commits_with_autograd_off_whatever_the_callers_mode(method, monkeypatch):
+    """The loop's own ops run with autograd off, where a device's one-launch kernels run (`kernel_choice.one_pass`: on
+    CUDA a tree path's commit is one `commit_slots` launch, not four indexing ops), for a caller with autograd on too
+    (a script, a notebook, `generate_images`)."""
+    modes = []
+    commit = KVCache.commit_seqs
+
+    def recorded(self, keeps, branches):
+        modes.append(torch.is_grad_enabled())
+        commit(self, keeps, branches)
+
+    monkeypatch.setattr(KVCache, "commit_seqs", recorded)
+    model = tiny_image_gpt(5)
+    parts = ImageParts(model, CFGTarget(model, 3.0), TinyEagle(model).eval(), None, GRID)
+    with torch.enable_grad():
+        run_batch(parts.target, lambda i: build_image_method(method, parts, dict(OPTIONS.get(method, {})))[0],
+                  [[0], [2]], GRID * GRID, SamplingParams(), batch_size=2, max_draft=32)
+    assert modes and not any(modes)
 
 
 @pytest.mark.parametrize("method", sorted(WIDE))
