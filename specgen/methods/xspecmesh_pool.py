@@ -369,7 +369,8 @@ def held_statics(decoder, opts, params: SamplingParams) -> dict:
     """What the heads' captured calls read besides their staged inputs (the stacked weights, the stage, the LM head
     they draft with), held by the heads' graphs so that a later pool (the next `generate_batch`) replays the captures
     instead of capturing again. A pool with other weights (their in-place versions), dtype, temperature or path rule
-    (constants frozen into a capture) drops them first. Without captures: a dict of this pool's own."""
+    (constants frozen into a capture) drops them first, and the backbone's captures that ran their `ReadAhead`.
+    Without captures: a dict of this pool's own."""
     graphs = decoder.heads.graphs
     if graphs is None:
         return {}
@@ -380,6 +381,8 @@ def held_statics(decoder, opts, params: SamplingParams) -> dict:
     versions = tuple((p.data_ptr(), -1 if p.is_inference() else p._version) for p in weights)
     key = (versions, dtype, params.temperature, bool(opts.min_path_prob))
     if graphs.held.get("key") != key:
+        if decoder.model.decoder.graphs is not None:  # the backbone's captures that ran the old heads ahead go too
+            decoder.model.decoder.graphs.forget([v for v in graphs.held.values() if isinstance(v, ReadAhead)])
         graphs.reset()
         graphs.held.update(key=key, lm_head=decoder._lm_head(dtype))  # kept alive while a capture reads it
     return graphs.held

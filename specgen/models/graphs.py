@@ -112,6 +112,12 @@ class StepGraphs:
         # for later callers to replay them, and dropped with them
         self.held: dict = {}
 
+    def forget(self, posts: list) -> None:
+        """Drop the captures whose post-step is one of `posts` (their owner replaced them: XSpecMesh's held statics);
+        each holds its graph and what its post-step reads."""
+        for key in [k for k in self.graphs if isinstance(k, tuple) and len(k) == 2 and k[1] in posts]:
+            del self.graphs[key]
+
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
         """The bucket of n rows by s nodes over rows holding up to `filled` slots; None: none holds it (eager)."""
         rows = min(next((r for r in ROW_BUCKETS if r >= n), n), self.capacity)

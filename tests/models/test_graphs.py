@@ -3,6 +3,8 @@ the eager forward decodes, run uncaptured and through a replay emulation (the CU
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -713,8 +715,9 @@ def test_a_later_xspecmesh_call_replays_the_heads_captures_unless_their_constant
 def test_read_ahead_heads_run_inside_the_verify_replay_and_a_later_call_replays_it(monkeypatch):
     """Where the heads run ahead (`ONE_READ`: a GPU), they are the verify step's post-step, inside the backbone's
     captured replay (`ReadAhead`): the heads' own graph serves a mesh's first step alone (its candidates come before
-    any verify), a second `generate_batch` replays the backbone's captures (the pool's held `ReadAhead` keys them),
-    and both decode greedy AR's meshes at batch 2 with candidates accepted."""
+    any verify), a second `generate_batch` replays the backbone's captures (the pool's held `ReadAhead` keys them), a
+    third with heads in another dtype drops those (a new `ReadAhead`), and all decode greedy AR's meshes at batch 2
+    with candidates accepted."""
     from specgen.methods import xspecmesh_pool
     from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
     from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
@@ -735,6 +738,12 @@ def test_read_ahead_heads_run_inside_the_verify_replay_and_a_later_call_replays_
     posts = {key[1] for key in backbone.graphs if isinstance(key, tuple)}
     assert len(posts) == 1 and isinstance(posts.pop(), xspecmesh_pool.ReadAhead) and captures[0] == captures[1]
     assert decoder.heads.graphs.replays == 2 * len(clouds)
+    # heads drafting in another dtype: new statics, a new ReadAhead; the backbone's captures of the old one are dropped
+    runs.append(decoder.generate_batch(clouds, SamplingParams(), 40, replace(opts, draft_dtype="bfloat16"), None,
+                                       None, 2))
+    posts = [key[1] for key in backbone.graphs if isinstance(key, tuple)]
+    assert posts and set(posts) == {v for v in decoder.heads.graphs.held.values()
+                                    if isinstance(v, xspecmesh_pool.ReadAhead)}
     for res in runs:
         assert [r.tokens for r in res] == ar and sum(sum(r.stats.accepted) for r in res) > 0
 
