@@ -123,6 +123,26 @@ def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
     assert all(r.stats.extras["latency_s"] > 0 for r in res.results)
 
 
+def test_the_decode_paths_queue_host_built_tensors_without_a_wait():
+    """`torch.tensor(data, device=cuda)` copies from pageable memory, which waits for every kernel queued before it: a
+    prompt's admission waited for the batch's last step (and each prefill for the one before it). The decode paths
+    queue host-built tensors with `devices.host_tensor` (page-locked, no wait); a call that names a device fails
+    here, by file and line."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "specgen"
+    found = []
+    for folder in ("decoding", "methods", "generate", "image", "mesh", "text"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tensor"
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"
+                        and any(k.arg == "device" for k in node.keywords)):
+                    found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert not found, found
+
+
 # ---- the packed CPU layout stays on the CPU ------------------------------------------------------------------------
 def tiny_linears(device="cpu") -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8)).to(device)

@@ -15,6 +15,7 @@ from specgen.decoding.draft_verify import DrafterBase
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import logits_to_probs, pick
 from specgen.decoding.verify import forward_span
+from specgen.devices import host_tensor
 from specgen.errors import IncompatibleError, UsageError
 from specgen.image.neighbours import neighbour_table, scaled_k
 from specgen.image.target import CFGTarget
@@ -120,7 +121,7 @@ class MuLoBatch(PolicyBase):
         dec = self.make(index)  # its `lowres` is the batch's: `_load` returns one module per checkpoint and device
         rows = self.cache.clear_seq(slot, self.br)
         view = self.cache.rows(rows.start, rows.stop)
-        lhead = self.low.prefill(torch.tensor([prompt], device=self.target.device), view).logits[0, -1]
+        lhead = self.low.prefill(host_tensor([prompt], self.target.device), view).logits[0, -1]
         self.cache.absorb(view, rows.start)
         self.rows[slot] = MuLoRow(dec, lhead, first.logits[0, -1])
 
@@ -179,7 +180,7 @@ class MuLoBatch(PolicyBase):
             shape[i] = (m, min(row.dec.draft_rows, g - m), g, r)
             if m * g > len(row.low_tokens):
                 with clock("downsample"):
-                    grid_hi = torch.tensor(seq[len(seq) - n :], device=device).view(1, m * r, G)
+                    grid_hi = host_tensor(seq[len(seq) - n :], device).view(1, m * r, G)
                     y = row.dec.pair.downsample_tokens(grid_hi)[0].flatten().tolist()
                 feeds[i] = y[len(row.low_tokens) :]
                 row.low_tokens = y
@@ -210,7 +211,7 @@ class MuLoBatch(PolicyBase):
             m, d, g, r = shape[i]
             stats[i].extras["lowres_tokens"] += len(drafted[i])
             with clock("upsample"):
-                y_all = torch.tensor(rows[i].low_tokens + drafted[i], device=device).view(1, m + d, g)
+                y_all = host_tensor(rows[i].low_tokens + drafted[i], device).view(1, m + d, g)
                 out.append(rows[i].dec.pair.upsample_tokens(y_all)[0, m * r :].flatten().tolist())
         return out
 
@@ -237,7 +238,7 @@ class MuLoBatch(PolicyBase):
         lg = rows[:L].float()
         with clock("accept"):  # 4./5. accept by pooled mass, expand the rejections
             probs = lg.softmax(-1) if params.greedy else logits_to_probs(lg, params)
-            mass = pooled_mass(probs, torch.tensor(x_hi, device=lg.device), dec.neighbours, dec.delta)
+            mass = pooled_mass(probs, host_tensor(x_hi, lg.device), dec.neighbours, dec.delta)
             passed = (mass >= dec.tau).tolist()
             rejected = [n + t for t, ok in enumerate(passed) if not ok]
             redo = [u - n for u in expand_rejections(rejected, dec.radius, dec.grid, n, n + L, dec.rejection)]

@@ -8,6 +8,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from specgen.decoding.draft import Draft
+from specgen.devices import to_device
 
 
 class SkipSchedule:
@@ -52,7 +53,7 @@ def path_similarity(draft: Draft, unit_codes: torch.Tensor, alpha: float = 0.8, 
     n = valid.sum(0).double()
     keep = n >= 2
     s_l = pairs_sum.double()[keep] / (n[keep] * (n[keep] - 1))
-    w = torch.tensor([alpha**l for l in range(toks.shape[1])], dtype=torch.float64, device=s_l.device)[keep]
+    w = to_device(torch.tensor([alpha**l for l in range(toks.shape[1])], dtype=torch.float64), s_l.device)[keep]
     return float((w * s_l).sum() / w.sum())
 
 

@@ -18,7 +18,7 @@ from specgen.decoding.pool import PoolBase
 from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
-from specgen.devices import copy_into
+from specgen.devices import copy_into, host_tensor
 from specgen.errors import UsageError
 from specgen.mesh.tokenizers import BPTTokenizer
 from specgen.mesh.vertex_lookup import VertexMemory
@@ -114,7 +114,7 @@ def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSp
         tokens = sample_rows(logits_to_probs(head_logits, params), generator)  # one independent draw per head
     if not opts.min_path_prob:
         return Proposal(tokens, [1.0] * len(tokens))
-    chosen = torch.tensor(tokens, device=head_logits.device)  # [D]
+    chosen = host_tensor(tokens, head_logits.device)  # [D]
     return Proposal(tokens, token_probs(head_logits, chosen, params.temperature).tolist())
 
 
