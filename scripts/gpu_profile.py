@@ -7,7 +7,7 @@ Cases (greedy, graphs on, each run once to capture and once under `torch.profile
 - image AR, ADT-Tree and EAGLE-2 at batch 1: the shipped tiny c2i GPT and its EAGLE drafter, T 0 (gpu_graphs.py's
   image rows);
 - mesh AR and lossless XSpecMesh (vertex lookup, as a chain and as the candidate tree `MESH_TREE`) at batch 1: the
-  shipped tiny mesh model and its heads (gpu_graphs.py's mesh rows).
+  shipped tiny mesh model and its heads (gpu_graphs.py's mesh rows); then each one's prefill alone (a mesh a "step").
 
 For each: wall ms a decode step (under the profiler, whose host-side tracing inflates it: gpu_graphs.py's rows give
 the wall time), GPU ms a step (the kernels' summed time, prefills included), kernels a step, the host's ms a step
@@ -191,6 +191,15 @@ def mesh_case(device: str, top: int) -> None:
             return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))
 
         report(name, *profiled(run, device, [dec.model.decoder, dec.heads]), device, top)
+    # a mesh's admission alone (one token a mesh: the point encoder, the conditions' K/V, the start, the first read; the
+    # heads' conditions for XSpecMesh): ~8-15 ms a mesh on the eighth lease's H200s by its phase, 14-18% of AR's time
+    for decoder, name in ((MeshDecoder(dec.model, None, dec.eos_id), "mesh AR's prefill, a step = a mesh"),
+                          (dec, "mesh XSpecMesh's prefill, a step = a mesh")):
+        def admit(decoder=decoder):
+            results = decoder.generate_batch(clouds, SamplingParams(), 1, chain)
+            return dataclasses.replace(results[0].stats, steps=len(results))
+
+        report(name, *profiled(admit, device, [dec.model.decoder, dec.heads]), device, top)
 
 
 def captures(device: str) -> bool | None:

@@ -74,7 +74,8 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
         "text AR, batch 1", "text AR, batch 16",
         "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
         "image EAGLE-2, batch 1", "mesh AR, batch 1", "mesh XSpecMesh (lossless, vertex lookup), batch 1",
-        "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1"]
+        "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1",
+        "mesh AR's prefill, a step = a mesh", "mesh XSpecMesh's prefill, a step = a mesh"]
     rows, part = {"kernel": [], "python": []}, None
     for line in out.splitlines():
         if line.startswith("  kernel ") or line.startswith("  python function"):
@@ -83,9 +84,10 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
             rows[part].append(float(line.split()[-1]))  # a kernel's share of the step; a function's ms a step
     assert len(rows["kernel"]) == 3 * len(cases) and all(0 < s <= 1 for s in rows["kernel"])  # --top 3 a case
     assert len(rows["python"]) == 3 * len(cases) and all(ms >= 0 for ms in rows["python"])
-    # the captures run through the replay emulation on the CPU, so every case has replays to launch alone
-    alone = [float(re.search(r"replays alone ([\d.]+) ms a step", c).group(1)) for c in cases]
-    assert all(ms > 0 for ms in alone)
+    # the captures run through the replay emulation on the CPU, so every decoding case has replays to launch alone;
+    # a prefill alone replays none (its chunks are the prompts' own: none for a mesh's one start position)
+    alone = [re.search(r"replays alone ([\d.]+|-) ms a step", c).group(1) for c in cases]
+    assert all(float(ms) > 0 for ms in alone[:-2]) and alone[-2:] == ["-", "-"]
 
 
 def test_the_profiles_replays_alone_launch_each_graph_as_often_as_its_run(monkeypatch):
