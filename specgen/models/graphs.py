@@ -115,7 +115,8 @@ class StepGraphs:
     def forget(self, posts: list) -> None:
         """Drop the captures whose post-step is one of `posts` (their owner replaced them: XSpecMesh's held statics);
         each holds its graph and what its post-step reads."""
-        for key in [k for k in self.graphs if isinstance(k, tuple) and len(k) == 2 and k[1] in posts]:
+        gone = {id(post) for post in posts}  # by identity: a post-step's equality is its own
+        for key in [k for k in self.graphs if isinstance(k, tuple) and len(k) == 2 and id(k[1]) in gone]:
             del self.graphs[key]
 
     def bucket(self, n: int, s: int, filled: int) -> Bucket | None:
