@@ -49,6 +49,7 @@ def test_the_graphs_step_ends_with_issue_46s_goals(monkeypatch, capsys):
     assert lines["text ar --graphs on, batch 16: vs_b1 >= 12.0"] == ["5.00", "no"]
     assert lines["image adt-tree --graphs on: drafter_share <= 0.2"] == ["0.10", "yes"]
     assert lines["mesh xspecmesh criterion=rejection vertex_lookup --graphs on: vs_ar >= 1.5"] == ["-", "-"]
+    assert lines["image adt-tree, again: vs_ar >= 2.0"] == ["-", "-"]  # the second pass's row, not the first's
     assert len(lines) == len(gpu_graphs.GOALS)
 
 
