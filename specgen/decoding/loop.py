@@ -15,7 +15,7 @@ from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.stops import Stops, stops_of
 from specgen.decoding.target import Target, TargetOut
-from specgen.devices import host_tensor, now
+from specgen.devices import now
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class Batch:
             rows = self.cache.clear_seq(slot, br)
             view = self.cache.rows(rows.start, rows.stop)
             view.key_mask, view.cross = None, None  # a new sequence: no condition of the slot's previous one
-            first = self.target.prefill(host_tensor([row.prompt], self.target.device), view)
+            first = self.target.prefill(torch.tensor([row.prompt]), view)  # on the host (Target.prefill)
             self.cache.absorb(view, rows.start)
         self.total.target_forwards += 1
         row.stats.target_forwards += 1

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from specgen.devices import to_device
 from specgen.models.cache import KVCache
 from specgen.models.prompt import prompt_mode
 
@@ -35,7 +36,8 @@ class Target(Protocol):
     def new_cache(self, batch: int, max_len: int) -> KVCache: ...
 
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
-        """Run a prompt [B, P] from empty rows; commits it; logits of the last position only."""
+        """Run a prompt [B, P] from empty rows; commits it; logits of the last position only. The prompt comes on the
+        host: a target moves what it uses (`devices.to_device`) and reads ids there without waiting for the device."""
 
     def forward(
         self, tokens: torch.Tensor | list, positions: torch.Tensor | list, cache: KVCache,
@@ -61,6 +63,7 @@ class ModelTarget:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
+        tokens = to_device(tokens, self.device)  # [B, P]
         with prompt_mode():  # every method prefills alike and no step recomputes a prompt: its faster kernels
             staged = None if self.model.graphs is None else self.model.graphs.prefill(tokens, cache)
             if staged is not None:  # captured chunks, the bits of the eager forward below

@@ -135,7 +135,7 @@ def target_nll(im: ImageModel, cfg_scale: float, cond: int | Caption, tokens: li
     parts, prompt = conditioned(im, cfg_scale, cond)
     target, p, device = parts.target, len(prompt), parts.target.device
     cache = target.new_cache(1, p + len(tokens) + 1)
-    first = target.prefill(torch.tensor([prompt], device=device), cache)
+    first = target.prefill(torch.tensor([prompt]), cache)
     seq = torch.tensor([tokens[:-1]], device=device)
     out = target.forward(seq, torch.arange(p, p + len(tokens) - 1, device=device).unsqueeze(0), cache, None)
     logits = torch.cat([first.logits[0, -1:], out.logits[0]], 0).float()  # [N, V]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from specgen.decoding.target import TargetOut
-from specgen.devices import host_inputs
+from specgen.devices import host_inputs, to_device
 from specgen.errors import UsageError
 from specgen.image.captions import Caption
 from specgen.models import kernel_choice
@@ -38,7 +38,7 @@ class CFGTarget:
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the class label; runs the condition position and commits it."""
-        labels = tokens[0, :1].to(self.device)
+        labels = to_device(tokens[0, :1], self.device)
         if self.branches == 2:
             labels = torch.cat([labels, torch.full_like(labels, self.null_class)])
         embeds = self.model.cls_embedding(labels)  # [branches, 1, dim]

@@ -121,7 +121,7 @@ class MuLoBatch(PolicyBase):
         dec = self.make(index)  # its `lowres` is the batch's: `_load` returns one module per checkpoint and device
         rows = self.cache.clear_seq(slot, self.br)
         view = self.cache.rows(rows.start, rows.stop)
-        lhead = self.low.prefill(host_tensor([prompt], self.target.device), view).logits[0, -1]
+        lhead = self.low.prefill(torch.tensor([prompt]), view).logits[0, -1]
         self.cache.absorb(view, rows.start)
         self.rows[slot] = MuLoRow(dec, lhead, first.logits[0, -1])
 
