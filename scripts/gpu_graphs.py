@@ -341,6 +341,15 @@ def hf_batch16(hf, new: int, batch16: tuple, name: str) -> None:
         row(suite="text", row=name, error=f"{type(e).__name__}: {str(e)[:200]}")
 
 
+def ar_base(s_ar: dict, mode: str, name: str, s: float) -> float:
+    """The AR time a row's `vs_ar` divides: the mode's first row's (AR), or for a second-pass row ("..., again") the
+    second pass's AR, timed beside it (`s_ar` keeps both; AR's own second pass keeps the first: the suite's drift)."""
+    s_ar.setdefault(mode, s)
+    if name == "ar, again":
+        s_ar["again"] = s
+    return s_ar[mode] if name == "ar, again" or not name.endswith(", again") else s_ar["again"]
+
+
 def exact(res, base) -> float:
     return sum(r.tokens == b for r, b in zip(res.results, base)) / len(base)
 
@@ -379,10 +388,7 @@ def image_rows(num: int) -> None:
             held = captures(im) - held  # captures inside the timed run: their time counts
             toks = [x.tokens for x in samples]
             base = base or toks
-            s_ar.setdefault(mode, s)
-            if label == "ar, again":  # the second pass's AR: its base (its own vs_ar: the drift from the first)
-                s_ar["again"] = s
-            ref = s_ar[mode] if label == "ar, again" or not label.endswith(", again") else s_ar["again"]
+            ref = ar_base(s_ar, mode, label, s)
             tpf = sum(len(x.tokens) for x in samples) / max(sum(x.stats.target_forwards for x in samples), 1)
             steps = sum(x.stats.steps for x in samples)
             drafter = {"drafter_" + k: v for k, v in im.drafter_net.graphs.describe().items()} \
@@ -434,10 +440,7 @@ def mesh_rows(num: int, trees: tuple[str, ...] = ()) -> None:
             res, s = timed(lambda: d.generate_batch(clouds, params, budget, o))
             toks = [r.tokens for r in res]
             base = base or toks
-            s_ar.setdefault(mode, s)
-            if name == "ar, again":  # the second pass's AR: its base (its own vs_ar: the drift from the first)
-                s_ar["again"] = s
-            ref = s_ar[mode] if name == "ar, again" or not name.endswith(", again") else s_ar["again"]
+            ref = ar_base(s_ar, mode, name, s)
             steps = sum(r.stats.steps for r in res)
             row(suite="mesh", row=f"{name} --graphs {mode}", meshes_s=num / s, vs_ar=ref / s,
                 vs_ar_off=s_ar["off"] / s, exact=sum(t == b for t, b in zip(toks, base)) / num,

@@ -125,9 +125,9 @@ def test_decode_loop_waits_for_the_device_only_at_its_ends(monkeypatch):
 
 def test_the_decode_paths_queue_host_built_tensors_without_a_wait():
     """`torch.tensor(data, device=cuda)` copies from pageable memory, which waits for every kernel queued before it: a
-    prompt's admission waited for the batch's last step (and each prefill for the one before it). The decode paths
-    queue host-built tensors with `devices.host_tensor` (page-locked, no wait); a call that names a device fails
-    here, by file and line."""
+    prompt's admission waited for the batch's last step (and each prefill for the one before it; a prompt now reaches
+    `Target.prefill` on the host). The decode paths queue host-built tensors with `devices.host_tensor` (page-locked,
+    no wait); a call that names a device fails here, by file and line."""
     import ast
     from pathlib import Path
 
