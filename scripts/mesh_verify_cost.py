@@ -37,7 +37,7 @@ def build(spec: str, template: MeshGPT) -> MeshGPT:
 def forward_ms(model: MeshGPT, rows: list[int], repeats: int) -> list[float]:
     """Median ms of the decoder's blocks (no LM head) over S tokens, for each S in rows, after 60 committed tokens."""
     cache = model.new_cache(1, 128)
-    model.prefill(cache, model.encoder(torch.randn(1, 2048, 6)))  # any cloud: only the cost is measured
+    model.prefill(cache, model.condition(torch.randn(1, 2048, 6))[1])  # any cloud: only the cost is measured
     dec = model.decoder
 
     def step_hidden(tokens: torch.Tensor, start: int) -> torch.Tensor:

@@ -337,6 +337,33 @@ def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     assert ahead and all(graph is not None for graph in ahead)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_captured_mesh_prefill_has_the_eager_prefills_bits(dtype):
+    """The shipped tiny mesh GPT on CUDA: each cloud's prefill as one replay (`MeshTarget.replayed_prefill`: the
+    encoder in prompt mode, the conditions' K/V, the start as a decode step) against graphs off, in a batch's two rows:
+    logits, hidden, condition, each row's slot 0 and conditions' K/V bitwise; the second cloud a replay."""
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.generate.mesh import load_mesh_model
+    from specgen.mesh.target import MeshTarget
+
+    got = []
+    for mode in ("off", "on"):
+        loaded = load_mesh_model(device="cuda", dtype=dtype, graphs=mode)
+        model = loaded.decoder.model
+        clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 2, 0, "cuda")]
+        target = MeshTarget(model, clouds)
+        cache, outs = target.new_cache(2, 64), []
+        with torch.inference_mode():
+            for i in range(2):
+                view = cache.rows(i, i + 1)
+                out = target.prefill(torch.tensor([[i]]), view)
+                cache.absorb(view, i)
+                outs += [out.logits, out.features, target.conditions[i]]
+        got.append(outs + [cache.k[:, :, :, :1], cache.v[:, :, :, :1], *cache.cross[0], *cache.cross[-1]])
+    assert model.decoder.graphs.prompts.recorded == 1 and model.decoder.graphs.prompts.replays == 2
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
 @pytest.mark.parametrize("captured", [False, True])
 def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
     """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products in 64-row slices) and

@@ -8,7 +8,8 @@ import torch
 
 from specgen.decoding.target import TargetOut
 from specgen.models.cache import KVCache
-from specgen.models.prompt import prompt_mode
+from specgen.models.graphs import MIN_WIDTH
+from specgen.models.static_step import Bucket, StaticInputs, target_step
 
 
 class MeshTarget:
@@ -33,13 +34,32 @@ class MeshTarget:
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
         """tokens [1, 1] = the cloud's index; logits [1, 1, V] of mesh token 1, features [1, 1, dim] (the start's h)."""
         i = int(tokens[0, 0])
-        # the point encoder runs once a mesh, alike in every method: a prompt's products (on a GPU 256-row slices, 8
-        # launches a product over 2,048 points where a decode step's 64-row slices ran 32: gpu.md, the mesh prefill)
-        with prompt_mode():
-            cond = self.model.encoder(self.clouds[i].to(self.device, self.dtype).unsqueeze(0))
-        self.conditions[i] = cond
-        logits, hidden = self.model.prefill(cache, cond)  # [1, V], [1, dim]
+        pc = self.clouds[i].to(dtype=self.dtype).unsqueeze(0)  # [1, N, 6], on the host or the device
+        if self.model.decoder.graphs is None:
+            self.conditions[i], cross = self.model.condition(pc.to(self.device))
+            logits, hidden = self.model.prefill(cache, cross)  # [1, V], [1, dim]
+        else:
+            self.conditions[i], logits, hidden = self.replayed_prefill(pc, cache)
         return TargetOut(logits[:, None], hidden[:, None])
+
+    def replayed_prefill(self, pc: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, ...]:
+        """`MeshGPT.condition` and `prefill` as one replay a point count, where ~250 eager launches ran (the encoder's
+        products over N points, the K/V, the start's decoder step: gpu.md): the condition [1, M, cross_dim], logits
+        [1, V] and hidden [1, dim]; the row's cache holds the conditions' K/V and the start in slot 0."""
+        def run(pc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            cond, cross = self.model.condition(pc)
+            return cond, *start_step(self.model, cross), *(t for kv in cross for t in kv)
+
+        graphs = self.model.decoder.graphs.prompt_graphs()
+        cond, logits, hidden, k, v, *kv = graphs.call(("mesh", tuple(pc.shape)), run, {"pc": pc})
+        # the graph's own buffers, which the next cloud's replay rewrites: the K/V are copied into the loop's cache
+        # before the next prefill (`KVCache.absorb`), the rest is kept (a batch prefills every free slot before its
+        # rows read their logits, and XSpecMesh's heads their condition)
+        cache.cross = list(zip(kv[::2], kv[1::2]))
+        cache.k[:, :, :, :1].copy_(k)  # [L, 1, Hkv, 1, hd]: the start's keys and values in the row's slot 0
+        cache.v[:, :, :, :1].copy_(v)
+        cache.commit_seqs({0: [0]}, 1)
+        return cond.clone(), logits.clone(), hidden.clone()
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
@@ -52,3 +72,16 @@ class MeshTarget:
             outs = decoder.eager(tokens, positions, cache, tree_mask)
             outs = outs if self.along is None else self.along(*outs)
         return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None)
+
+
+def start_step(model: torch.nn.Module, cross: list) -> tuple[torch.Tensor, ...]:
+    """A mesh's start vector at position 0 as a captured step computes it (`static_step.target_step`: a decode step's
+    bits, device ops only) over the conditions' K/V `cross` and a one-row cache of its own: the start sees only its
+    own slot, so its keys and values are the same in any row's slot 0. Logits [1, V], hidden [1, dim], its keys and
+    values [L, 1, Hkv, 1, hd]."""
+    cfg, decoder = model.dec_cfg, model.decoder
+    x = StaticInputs.for_bucket(Bucket(1, 1, MIN_WIDTH), model.start.device)  # row 0, length 0, position 0
+    k = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, MIN_WIDTH, cfg.hd, dtype=decoder.dtype, device=x.tokens.device)
+    v = torch.zeros_like(k)  # [L, 2, Hkv, W, hd]: the row and a padding row's scratch (none here)
+    logits, hidden = target_step(decoder, x, k, v, cross, MIN_WIDTH, model.start.view(1, 1, -1))  # [1, 1, V | dim]
+    return logits[:, 0], hidden[:, 0], k[:, :1, :, :1], v[:, :1, :, :1]

@@ -239,9 +239,7 @@ class StepGraphs:
         if tokens.shape[0] != 1 or cache.lengths != [0] or not kernel_choice.prompts_as_steps(self.dtype, self.device):
             return None
         p, most = tokens.shape[1], PROMPT_NODES[-1]
-        if self.prompts is None:
-            self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
-        own = self.prompts.new_cache(1, p)
+        own = self.prompt_graphs().new_cache(1, p)
         outs = []
         for start in range(0, p, most):
             chunk = tokens[:, start : start + most]  # [1, s]
@@ -254,6 +252,14 @@ class StepGraphs:
         cache.v[:, 0, :, :p].copy_(own.v[:, 0, :, :p])
         cache.commit_seqs({0: list(range(p))}, 1)
         return outs[-1][0][:, -1:], torch.cat([hidden for _, hidden in outs], 1)
+
+    def prompt_graphs(self) -> "StepGraphs":
+        """The prompts' own captures, buffer and memory pool (made on first use: a text prompt's chunks, `prefill`; a
+        mesh's encoder and start, mesh/target.py): a prompt's outputs outlive the steps' replays, and the steps' new
+        captures (`adopt_cross`) leave them be."""
+        if self.prompts is None:
+            self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
+        return self.prompts
 
     def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor],
              bound: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specgen.models.cache import KVCache
+from specgen.models.prompt import prompt_mode
 from specgen.models.transformer import CrossAttention, Transformer, TransformerConfig
 
 
@@ -108,14 +109,22 @@ class MeshGPT(nn.Module):
         past it (the positions are the decoder's to guard)."""
         return self.decoder.new_cache(batch, max_len)
 
+    def condition(self, pc: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """What decoding reads of clouds pc [B, N, 6], computed once a mesh: the encoder's condition [B, M, cross_dim]
+        (in prompt mode: it runs once a mesh, alike in every method) and the decoder's per-layer cross-attention K/V
+        of it ([B, H, M, hd] x 2, a decode step's products: the K/V every step reads)."""
+        with prompt_mode():
+            cond = self.encoder(pc)
+        return cond, self.decoder.context_kv(cond)
+
     @torch.inference_mode()
-    def prefill(self, cache: KVCache, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the condition's K/V, run the start vector at position 0 and commit it: logits [B, V] of token 1 and the
-        start's hidden state [B, dim]."""
-        cache.cross = self.decoder.context_kv(cond)  # computed once per mesh
-        b = cond.shape[0]
+    def prefill(self, cache: KVCache, cross: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the condition's K/V `cross` (`condition`), run the start vector at position 0 and commit it: logits
+        [B, V] of token 1 and the start's hidden state [B, dim]."""
+        cache.cross = cross
+        b, device = cross[0][0].shape[0], cross[0][0].device
         h = self.start.view(1, 1, -1).expand(b, 1, -1)
-        pos = torch.zeros(b, 1, dtype=torch.long, device=cond.device)
+        pos = torch.zeros(b, 1, dtype=torch.long, device=device)
         hidden = self.decoder.hidden_states(h, pos, cache)
         cache.commit_seqs(dict.fromkeys(range(b), [0]), 1)
         return self.decoder.output(hidden[:, -1]), hidden[:, -1]

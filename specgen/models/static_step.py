@@ -209,9 +209,10 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
 
 
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
-                width: int | None = None) -> tuple[torch.Tensor, ...]:
-    """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only."""
-    h, f = blocks(model, model.embed(x.tokens), x, k, v, cross, width)
+                width: int | None = None, embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only.
+    `embeds` [R, S, dim]: the input embeddings in place of the tokens' (a mesh's start vector: mesh/target.py)."""
+    h, f = blocks(model, model.embed(x.tokens) if embeds is None else embeds, x, k, v, cross, width)
     n = model.norm
     hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
     return model.logits(hidden), hidden

@@ -104,7 +104,7 @@ def sample_batch(model: MeshGPT, pcs: torch.Tensor, params: SamplingParams, max_
     """Batched AR sampling (every row one token per forward) of point clouds [B, N, 6]."""
     b = pcs.shape[0]
     cache = model.new_cache(b, max_tokens + 2)
-    logits, _ = model.prefill(cache, model.encoder(pcs))  # [B, V]
+    logits, _ = model.prefill(cache, model.condition(pcs)[1])  # [B, V]
     seqs: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
     for pos in range(1, max_tokens + 1):

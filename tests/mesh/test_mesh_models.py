@@ -47,7 +47,7 @@ def test_cached_decoding_matches_teacher_forcing():
     with torch.no_grad():
         logits, hidden, cond = model.forward_train(pc, tokens)  # rows 0..11 (start + tokens[:11])
         cache = model.new_cache(1, 32)
-        first, _ = model.prefill(cache, model.encoder(pc))
+        first, _ = model.prefill(cache, model.condition(pc)[1])
         assert cache.cross is not None and len(cache.cross) == model.dec_cfg.n_layers  # K/V stored once
         chunk, _ = model.decoder(tokens[:, :5], torch.arange(1, 6)[None], cache)  # positions 1..5 in one forward
         cache.commit(0, list(range(5)))

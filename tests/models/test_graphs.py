@@ -610,6 +610,36 @@ def test_mesh_steps_with_conditions_decode_what_eager_decodes_at_batch_2(capture
     assert got == eager and loaded.decoder.model.decoder.graphs.replays > 0
 
 
+def test_a_mesh_prefill_is_one_replay_a_point_count_with_the_eager_prefills_bits(monkeypatch):
+    """The encoder, the conditions' K/V and the start's step: one capture for clouds of one point count, each later
+    cloud a replay into its own row; the bits of the eager prefill (logits, hidden, condition, the row's slot 0 and
+    its conditions' K/V), and a cloud's kept outputs survive the next cloud's replay (a batch prefills every free
+    slot before its rows read theirs)."""
+    from specgen.mesh.target import MeshTarget
+    from tests.mesh.mesh_fixtures import procedural_clouds, tiny_mesh_model
+
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    clouds = procedural_clouds([0, 1]) + [torch.randn(100, 6)]
+
+    def prefills(target: MeshTarget) -> list:
+        cache = target.new_cache(3, 16)
+        outs = []
+        for i in range(len(clouds)):  # as the loop admits a row (`Batch.admit`)
+            view = cache.rows(i, i + 1)
+            outs.append(target.prefill(torch.tensor([[i]]), view))
+            cache.absorb(view, i)
+        assert cache.lengths == [1, 1, 1]
+        rows = [(cache.k[:, i, :, :1], cache.v[:, i, :, :1], *cache.cross[1]) for i in range(len(clouds))]
+        return [(o.logits, o.features, target.conditions[i], *row) for i, (o, row) in enumerate(zip(outs, rows))]
+
+    eager, model = prefills(MeshTarget(tiny_mesh_model(), clouds)), tiny_mesh_model()
+    replayed = graphs.attach(model.decoder, "on", capture=True)
+    got = prefills(MeshTarget(model, clouds))
+    assert replayed.prompts.recorded == 2 and replayed.prompts.uses["mesh", (1, 100, 6)] == 1  # two point counts
+    for a, b in zip(eager, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_a_copied_model_runs_eagerly():
     import copy
 
@@ -735,13 +765,13 @@ def test_read_ahead_heads_run_inside_the_verify_replay_and_a_later_call_replays_
     for _ in range(2):
         runs.append(decoder.generate_batch(clouds, SamplingParams(), 40, opts, None, None, 2))
         captures.append(backbone.captures)
-    posts = {key[1] for key in backbone.graphs if isinstance(key, tuple)}
+    posts = {key[1] for key in backbone.graphs if isinstance(key, tuple) and isinstance(key[0], Bucket)}
     assert len(posts) == 1 and isinstance(posts.pop(), xspecmesh_pool.ReadAhead) and captures[0] == captures[1]
     assert decoder.heads.graphs.replays == 2 * len(clouds)
     # heads drafting in another dtype: new statics, a new ReadAhead; the backbone's captures of the old one are dropped
     runs.append(decoder.generate_batch(clouds, SamplingParams(), 40, replace(opts, draft_dtype="bfloat16"), None,
                                        None, 2))
-    posts = [key[1] for key in backbone.graphs if isinstance(key, tuple)]
+    posts = [key[1] for key in backbone.graphs if isinstance(key, tuple) and isinstance(key[0], Bucket)]
     assert posts and set(posts) == {v for v in decoder.heads.graphs.held.values()
                                     if isinstance(v, xspecmesh_pool.ReadAhead)}
     for res in runs:
