@@ -364,6 +364,30 @@ def test_a_captured_mesh_prefill_has_the_eager_prefills_bits(dtype):
     assert all(torch.equal(a, b) for a, b in zip(*got))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_captured_class_prefill_has_the_eager_prefills_bits(dtype):
+    """The shipped tiny image GPT on CUDA under guidance: each image's class position as one replay
+    (`CFGTarget.prefill`: `static_step.first_node`) against graphs off, in a batch's second sequence too: the combined
+    logits, hidden and each branch row's slot 0 bitwise; the second image a replay."""
+    from specgen.generate.image import load_image_model
+    from specgen.image.target import CFGTarget
+
+    got = []
+    for mode in ("off", "on"):
+        model = load_image_model("tiny-image-gpt", device="cuda", dtype=dtype, graphs=mode).model
+        target = CFGTarget(model, 4.0)
+        cache, outs = target.new_cache(2, 64), []
+        with torch.inference_mode():
+            for i, label in enumerate([3, 7]):
+                view = cache.rows(2 * i, 2 * i + 2)
+                out = target.prefill(torch.tensor([[label]]), view)
+                cache.absorb(view, 2 * i)
+                outs += [out.logits, out.features]
+        got.append(outs + [cache.k[:, :, :, :1], cache.v[:, :, :, :1]])
+    assert model.graphs.prompts.recorded == 1 and model.graphs.prompts.replays == 2
+    assert all(torch.equal(a, b) for a, b in zip(*got))
+
+
 @pytest.mark.parametrize("captured", [False, True])
 def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
     """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products in 64-row slices) and

@@ -384,11 +384,13 @@ def test_text_steps_eager_ops_stay_within_budget(monkeypatch):
 @pytest.mark.parametrize("batch", [1, 2])
 def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     """A captured ADT-Tree step's eager ops outside its replays (each a launch and a dispatch on a GPU). At de58c7e a
-    step here was 57.6 at batch 1, 69.3 at batch 2 (29.3 and 41.6 since), and each cut's own check below fails there
+    step here was 57.6 at batch 1, 69.3 at batch 2 (29.3 and 41.6 since; 23.1 and 29.9 since an image's class
+    position prefills as one replay, `CFGTarget.prefill`), and each cut's own check below fails there
     (8.6 ops of image/target.py, 1.9 zero_, 2.9 clones, 1.9 host tensors of the growth's, 1 verify_batch a step): CFG's
     combine and the branches' repeat_interleave run inside the verify's replay (image/target.py's eager ops: its
     prefill's, once a sequence); padding keeps its buffers' values (no zero_); the catch-up's output is the drafter
-    graph's own buffer (the clones are the target's two: its logits and features, which rows keep); a growth's host
+    graph's own buffer (the clones are the target's two: its logits and features, which rows keep; its prefill's two
+    are image/target.py's, once a sequence); a growth's host
     inputs are one tensor; a catch-up's tokens, positions and meta one host copy (no device tensor of them first:
     verify_batch's unbind only where a step verifies without a tree). In its graphs (at 8fb4577 embed_cat 5.6 a step,
     level_lists 3.6, a `where` and a RoPE gather 1 each): a growth's later levels take their inputs and attention lists
@@ -399,10 +401,10 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     per_file = lambda name: sum(n for (f, _), n in by_op.items() if f == name)  # noqa: E731
     assert per_file("specgen/image/target.py") < batch
     assert sum(n for (_, op), n in by_op.items() if op.startswith("zero_")) == 0
-    assert sum(n for (_, op), n in by_op.items() if op.startswith("clone")) <= 2
+    assert sum(n for (f, op), n in by_op.items() if op.startswith("clone") and f != "specgen/image/target.py") <= 2
     assert by_op["specgen/methods/eagle.py", "lift_fresh.default"] <= 1
     assert by_op["specgen/decoding/verify.py", "unbind.int"] < 0.5
-    assert ops <= {1: 32, 2: 45}[batch]
+    assert ops <= {1: 25, 2: 32}[batch]
 
 
 def launches(by_op: dict) -> Counter:

@@ -12,6 +12,7 @@ from specgen.errors import UsageError
 from specgen.image.captions import Caption
 from specgen.models import kernel_choice
 from specgen.models.cache import KVCache
+from specgen.models.static_step import first_node
 from specgen.models.transformer import padded_causal_mask
 
 
@@ -37,15 +38,28 @@ class CFGTarget:
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache) -> TargetOut:
-        """tokens [1, 1] = the class label; runs the condition position and commits it."""
-        labels = to_device(tokens[0, :1], self.device)
-        if self.branches == 2:
-            labels = torch.cat([labels, torch.full_like(labels, self.null_class)])
-        embeds = self.model.cls_embedding(labels)  # [branches, 1, dim]
-        positions = torch.zeros(self.branches, 1, dtype=torch.long, device=self.device)
-        logits, hidden = self.model(None, positions, cache, embeds=embeds)
+        """tokens [1, 1] = the class label (on the host); runs the condition position and commits it: with captured
+        steps as one replay (`static_step.first_node`, the eager forward's bits), its keys and values then copied into
+        the rows' slot 0."""
+        labels = torch.tensor([int(tokens[0, 0]), self.null_class][: self.branches])  # [branches]: cond, uncond
+        graphs = self.model.graphs
+        if graphs is None:
+            embeds = self.model.cls_embedding(to_device(labels, self.device))  # [branches, 1, dim]
+            positions = torch.zeros(self.branches, 1, dtype=torch.long, device=self.device)
+            logits, hidden = self.model(None, positions, cache, embeds=embeds)
+            self.commit(cache, [0])
+            return TargetOut(self.combine(logits), hidden)
+
+        def run(labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            logits, hidden, k, v = first_node(self.model, self.model.cls_embedding(labels))
+            return self.combine(logits), hidden, k, v
+
+        key = ("class", self.branches, self.cfg_scale)  # the guidance is baked into the capture
+        logits, hidden, k, v = graphs.prompt_graphs().call(key, run, {"labels": labels})
+        cache.k[:, :, :, :1].copy_(k)  # [L, branches, Hkv, 1, hd]
+        cache.v[:, :, :, :1].copy_(v)
         self.commit(cache, [0])
-        return TargetOut(self.combine(logits), hidden)
+        return TargetOut(logits.clone(), hidden.clone())  # the graph's buffers: the next image's prefill rewrites them
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:

@@ -8,8 +8,7 @@ import torch
 
 from specgen.decoding.target import TargetOut
 from specgen.models.cache import KVCache
-from specgen.models.graphs import MIN_WIDTH
-from specgen.models.static_step import Bucket, StaticInputs, target_step
+from specgen.models.static_step import first_node
 
 
 class MeshTarget:
@@ -48,7 +47,8 @@ class MeshTarget:
         [1, V] and hidden [1, dim]; the row's cache holds the conditions' K/V and the start in slot 0."""
         def run(pc: torch.Tensor) -> tuple[torch.Tensor, ...]:
             cond, cross = self.model.condition(pc)
-            return cond, *start_step(self.model, cross), *(t for kv in cross for t in kv)
+            logits, hidden, k, v = first_node(self.model.decoder, self.model.start.view(1, 1, -1), cross)
+            return cond, logits[:, 0], hidden[:, 0], k, v, *(t for kv in cross for t in kv)
 
         graphs = self.model.decoder.graphs.prompt_graphs()
         cond, logits, hidden, k, v, *kv = graphs.call(("mesh", tuple(pc.shape)), run, {"pc": pc})
@@ -73,15 +73,3 @@ class MeshTarget:
             outs = outs if self.along is None else self.along(*outs)
         return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None)
 
-
-def start_step(model: torch.nn.Module, cross: list) -> tuple[torch.Tensor, ...]:
-    """A mesh's start vector at position 0 as a captured step computes it (`static_step.target_step`: a decode step's
-    bits, device ops only) over the conditions' K/V `cross` and a one-row cache of its own: the start sees only its
-    own slot, so its keys and values are the same in any row's slot 0. Logits [1, V], hidden [1, dim], its keys and
-    values [L, 1, Hkv, 1, hd]."""
-    cfg, decoder = model.dec_cfg, model.decoder
-    x = StaticInputs.for_bucket(Bucket(1, 1, MIN_WIDTH), model.start.device)  # row 0, length 0, position 0
-    k = torch.zeros(cfg.n_layers, 2, cfg.n_kv_heads, MIN_WIDTH, cfg.hd, dtype=decoder.dtype, device=x.tokens.device)
-    v = torch.zeros_like(k)  # [L, 2, Hkv, W, hd]: the row and a padding row's scratch (none here)
-    logits, hidden = target_step(decoder, x, k, v, cross, MIN_WIDTH, model.start.view(1, 1, -1))  # [1, 1, V | dim]
-    return logits[:, 0], hidden[:, 0], k[:, :1, :, :1], v[:, :1, :, :1]

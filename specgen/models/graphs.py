@@ -20,13 +20,13 @@ from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import PROMPT_SLICE_ROWS, SLICE_ROWS, SlicedLinear
-from specgen.models.static_step import Bucket, StaticInputs, eagle_step, gather_roots, meta_rows, target_step
+from specgen.models.static_step import (MIN_WIDTH, Bucket, StaticInputs, eagle_step, gather_roots, meta_rows,
+                                        target_step)
 from specgen.models.transformer import Transformer
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 NODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 PROMPT_NODES = (PROMPT_SLICE_ROWS,)  # a prompt's captured chunks: one bucket, one GEMM a product (prompt mode)
-MIN_WIDTH = 256  # the narrowest cache width a step reads (a power of two); each wider bucket doubles it
 MODES = ("auto", "on", "off")
 
 

@@ -17,6 +17,9 @@ from specgen.models.rope import Rotation, rows_rotation
 from specgen.models.transformer import additive_mask, deferrable, layer_rotations
 
 
+MIN_WIDTH = 256  # the narrowest cache width a step reads (a power of two); each wider bucket doubles it (graphs.py)
+
+
 @dataclass(frozen=True)
 class Bucket:
     """A captured shape: `rows` cache rows (CFG branches counted) by `nodes` new nodes each, reading the cache's
@@ -216,6 +219,20 @@ def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     n = model.norm
     hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
     return model.logits(hidden), hidden
+
+
+def first_node(model, embeds: torch.Tensor, cross=None) -> tuple[torch.Tensor, ...]:
+    """R rows' first node, at position 0, over their input embeddings [R, 1, dim] (and conditions' K/V `cross`), as a
+    captured step computes it (`target_step`: device ops only) over a cache of its own: a node at position 0 sees only
+    its own slot, so its keys and values are the same in any row's slot 0 (a prompt of one embedding: a mesh's start,
+    a class label). Logits [R, 1, V], hidden [R, 1, dim], keys and values [L, R, Hkv, 1, hd] for the rows' slot 0."""
+    r, cfg = embeds.shape[0], model.cfg
+    x = StaticInputs.for_bucket(Bucket(r, 1, MIN_WIDTH), embeds.device)  # token 0 at position 0, each row length 0
+    x.meta[1].copy_(torch.arange(r, device=embeds.device))  # row i writes cache row i
+    k = torch.zeros(cfg.n_layers, r + 1, cfg.n_kv_heads, MIN_WIDTH, cfg.hd, dtype=embeds.dtype, device=embeds.device)
+    v = torch.zeros_like(k)  # [L, R + 1, Hkv, W, hd]: the rows and the scratch row (no padding row here)
+    logits, hidden = target_step(model, x, k, v, cross, MIN_WIDTH, embeds)
+    return logits, hidden, k[:, :r, :, :1], v[:, :r, :, :1]
 
 
 def drafter_input(embedding: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

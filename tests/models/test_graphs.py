@@ -640,6 +640,34 @@ def test_a_mesh_prefill_is_one_replay_a_point_count_with_the_eager_prefills_bits
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("scale", [4.0, 1.0])
+def test_a_class_prefill_is_one_replay_with_the_eager_prefills_bits(monkeypatch, scale):
+    """A c2i image's class position (under guidance two branch rows, else one): one capture, each later image a replay
+    into its own rows; the eager prefill's bits (the combined logits, hidden, the rows' slot 0), and an image's
+    outputs survive the next image's replay."""
+    from specgen.image.target import CFGTarget
+    from tests.image.helpers import tiny_image_gpt
+
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+
+    def prefills(target: CFGTarget) -> list:
+        cache, br, got = target.new_cache(3, 8), target.branches, []
+        for i, label in enumerate([2, 0, 1]):  # as the loop admits a row (`Batch.admit`)
+            view = cache.rows(i * br, (i + 1) * br)
+            out = target.prefill(torch.tensor([[label]]), view)
+            cache.absorb(view, i * br)
+            got.append((out.logits, out.features))
+        assert cache.lengths == [1] * 3 * br
+        return got + [(cache.k[:, :, :, :1], cache.v[:, :, :, :1])]
+
+    eager, model = prefills(CFGTarget(tiny_image_gpt(0), scale)), tiny_image_gpt(0)
+    replayed = graphs.attach(model, "on", capture=True)
+    got = prefills(CFGTarget(model, scale))
+    assert replayed.prompts.recorded == 1 and replayed.prompts.replays == 3
+    for a, b in zip(eager, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def test_a_copied_model_runs_eagerly():
     import copy
 
