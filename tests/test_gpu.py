@@ -388,6 +388,32 @@ def test_a_captured_class_prefill_has_the_eager_prefills_bits(dtype):
     assert all(torch.equal(a, b) for a, b in zip(*got))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_captured_t2i_steps_decode_what_eager_decodes(dtype):
+    """A t2i target's caption padding hidden inside its captured steps (`StaticInputs.key_mask`): AR and EAGLE-2 over
+    three captions of 2, 6 and 4 real slots, two rows at a time, equal graphs off; the target's steps all replays."""
+    from specgen.image.target import CaptionCFGTarget
+    from specgen.methods import run_batch
+    from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+    from specgen.models import graphs
+    from specgen.models.eagle import EagleNet
+    from specgen.models.layout import decode_layout
+    from tests.image.test_t2i_generate import GRID, caption, tiny_t2i_gpt
+
+    captions, n, got = [caption(i, valid) for i, valid in enumerate([2, 6, 4])], GRID * GRID, []
+    for mode in ("off", "on"):
+        model = decode_layout(tiny_t2i_gpt(1).to("cuda", dtype))
+        net = EagleNet.from_target(model).to("cuda", dtype).eval()
+        graphs.attach(model, mode)
+        target = CaptionCFGTarget(model, 3.0, captions)
+        prompts = [target.prompt(i) for i in range(len(captions))]
+        tree = lambda i: EagleTreeDrafter(net, model.output, FixedShape(TreeShape(3, 4, 12)), max_len=64,  # noqa: E731
+                                          guidance=3.0)
+        got.append([[r.tokens for r in run_batch(target, make, prompts, n, SamplingParams(), batch_size=2).results]
+                    for make in (lambda i: EmptyDrafter(), tree)])
+    assert got[0] == got[1] and model.graphs.replays > 0 and model.graphs.eager_calls == 0
+
+
 @pytest.mark.parametrize("captured", [False, True])
 def test_a_bf16_chain_scores_each_node_bitwise_as_ar_steps(captured):
     """Low-precision exactness on the GPU itself: with a loader's layout (SlicedLinear products in 64-row slices) and

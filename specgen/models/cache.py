@@ -144,7 +144,7 @@ class KVCache:
         self.lengths[start:stop] = view.lengths
         if view.key_mask is None and self.key_mask is not None:
             self.key_mask[start:stop] = True  # the view's rows hide nothing
-        elif view.key_mask is not None and view.key_mask is not self.key_mask:  # (the same: a whole-cache view's)
+        elif view.key_mask is not None and (self.key_mask is None or not at_row(view.key_mask, self.key_mask, start)):
             if self.key_mask is None or self.key_mask.shape[1] != view.key_mask.shape[1]:
                 self.key_mask = torch.ones(self.batch, view.key_mask.shape[1], dtype=torch.bool, device=self.k.device)
             self.key_mask[start:stop] = view.key_mask

@@ -97,6 +97,8 @@ class StepGraphs:
         cache = KVCache(self.k[:, :batch], self.v[:, :batch], [0] * batch)
         if self.cross is not None:
             cache.cross = [(k[:batch], v[:batch]) for k, v in self.cross]
+        if self.key_mask is not None:  # every row the batch admits writes its own (`KVCache.absorb`)
+            cache.key_mask = self.key_mask[:batch]
         return cache
 
     def reset(self) -> None:
@@ -106,6 +108,7 @@ class StepGraphs:
         self.prompts = None
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
+        self.key_mask = None  # [C, M] bool: each row's first M committed slots its queries see (t2i: `adopt_key_mask`)
         self.roots = None  # [C, 1, D]: each row's catch-up root, a growth's input read in place (`forward_host`)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
         # what a caller's captures read besides their staged inputs (XSpecMesh's stacked heads, their stage), kept here
@@ -215,7 +218,8 @@ class StepGraphs:
             return None
         key = b if post is None else (b, post)
         x = self.graphs[key][0] if key in self.graphs else StaticInputs.for_bucket(
-            b, self.device, None if feature_dim is None else (feature_dim, self.dtype))
+            b, self.device, None if feature_dim is None else (feature_dim, self.dtype),
+            None if self.key_mask is None else self.key_mask[: b.rows])
         stage(x, b)
         self.stage_tree(x, n, s, branches, tree_mask)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
@@ -290,15 +294,18 @@ class StepGraphs:
         return outs
 
     def servable(self, cache: KVCache, tree_mask: torch.Tensor | None) -> bool:
-        """Whether a call runs on the static buffer: its cache is the buffer's first rows, no key mask (t2i captions
-        stay eager), conditions in the static buffers, and no target tree on the chunked attention (StepKind)."""
-        if self.k is None or cache.k.data_ptr() != self.k.data_ptr() or cache.key_mask is not None:
+        """Whether a call runs on the static buffer: its cache is the buffer's first rows, conditions and hidden keys
+        in the static buffers, and neither a target tree nor hidden keys on the chunked attention (StepKind)."""
+        if self.k is None or cache.k.data_ptr() != self.k.data_ptr():
             return False
-        if (tree_mask is not None and self.kind.exact_trees
-                and attention_path(self.dtype, self.device, self.model.cfg.attn_softcap) == "chunked"):
-            return False  # the chunked chain plan puts a tree node's keys where the cache has them, not in AR's order
+        chunked = attention_path(self.dtype, self.device, self.model.cfg.attn_softcap) == "chunked"
+        if chunked and (cache.key_mask is not None or (tree_mask is not None and self.kind.exact_trees)):
+            return False  # the chunked chain plan puts a tree node's keys where the cache has them, not in AR's order,
+            # and sees every committed slot
         if cache.cross is not None:
             self.adopt_cross(cache)
+        if cache.key_mask is not None:
+            self.adopt_key_mask(cache)
         return True
 
     def adopt_cross(self, cache: KVCache) -> None:
@@ -309,13 +316,28 @@ class StepGraphs:
         if self.cross is None or self.cross[0][0].shape[1:] != shape:
             self.graphs.clear()
             self.pool = None
-            self.cross = [(k.new_zeros(self.capacity, *shape), v.new_zeros(self.capacity, *shape))
-                          for k, v in cache.cross]
+            with torch.inference_mode(False):  # normal tensors: the loop writes rows of them outside inference mode
+                self.cross = [(k.new_zeros(self.capacity, *shape), v.new_zeros(self.capacity, *shape))
+                              for k, v in cache.cross]
         rows = cache.cross[0][0].shape[0]
         for (k, v), (ck, cv) in zip(self.cross, cache.cross):
             k[:rows].copy_(ck)
             v[:rows].copy_(cv)
         cache.cross = [(k[:rows], v[:rows]) for k, v in self.cross]
+
+    def adopt_key_mask(self, cache: KVCache) -> None:
+        """Keep the rows' hidden keys (a t2i caption's padding: `KVCache.key_mask`) in a static buffer the steps read:
+        copy them in when the loop's cache holds its own."""
+        mask = cache.key_mask  # [B, M]
+        if self.key_mask is not None and mask.data_ptr() == self.key_mask.data_ptr():
+            return
+        if self.key_mask is None or self.key_mask.shape[1] != mask.shape[1]:
+            self.graphs.clear()  # the steps captured so far read none, or another width
+            self.pool = None
+            with torch.inference_mode(False):  # a normal tensor: the loop writes rows of it (`KVCache.absorb`)
+                self.key_mask = mask.new_ones(self.capacity, mask.shape[1])
+        self.key_mask[: mask.shape[0]].copy_(mask)
+        cache.key_mask = self.key_mask[: mask.shape[0]]
 
     def stage_tree(self, x: StaticInputs, n: int, s: int, branches: int, tree_mask: torch.Tensor | None) -> None:
         """Copy a call's tree mask (per sequence: `forward`; None: a chain) into the bucket's. Padding nodes and rows

@@ -48,6 +48,9 @@ class StaticInputs:
     # [R, S, S]: every node of every row sees itself and the nodes before it: a chain's mask for any real part, and
     # the base a tree's is written over (a padding node sees itself; no real node sees a node after it)
     causal: torch.Tensor | None = None
+    # [R, M]: which of each row's first M committed slots its queries see (a t2i caption's padding hidden: the
+    # cache's `key_mask`, rows of the captured steps' static buffer); None: every committed slot
+    key_mask: torch.Tensor | None = None
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
     # None: `tree` is the causal base; else the last tree's rows and nodes, the causal base outside them
     dirty: tuple[int, int] | None = None
@@ -68,12 +71,13 @@ class StaticInputs:
         return self.views[n, s, branches]
 
     @classmethod
-    def for_bucket(cls, b: Bucket, device, features: tuple | None = None) -> "StaticInputs":
+    def for_bucket(cls, b: Bucket, device, features: tuple | None = None,
+                   key_mask: torch.Tensor | None = None) -> "StaticInputs":
         r, s = b.rows, b.nodes
         ints = torch.zeros(2 * r * s + 3 * r, dtype=torch.long, device=device)
         causal = torch.ones(s, s, dtype=torch.bool, device=device).tril().expand(r, -1, -1)
         return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s : -r].view(2, r),
-                   causal.clone(), causal=causal, ints=ints, last=ints[-r:],
+                   causal.clone(), causal=causal, ints=ints, last=ints[-r:], key_mask=key_mask,
                    features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
                                                                       device=device))
 
@@ -117,7 +121,7 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     """[R, 1, S, T] bool: each node sees its row's committed slots and the pending slots its tree mask names; or a
     drafter level's `lists` as a mask. A node always sees its own slot, so that a padding node's key and value stay
     finite: every tree mask holds its diagonal (a padding node's row is the bucket's causal base), every list its own
-    slot."""
+    slot. A `key_mask` hides committed slots only (a padding row, length 0, has none: it still sees its own)."""
     r, s = x.tokens.shape
     if x.lists is not None:
         idx = x.lists[0].long()
@@ -125,7 +129,11 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     rel = torch.arange(t, device=x.tokens.device)[None, :] - x.meta[0][:, None]  # [R, T]: slot - the row's length
     col = rel.clamp(0, s - 1)  # [R, T]: the tree column of each pending slot (equal to rel there only)
     pending = x.tree.gather(2, col[:, None, :].expand(r, s, t))  # [R, S, T]
-    return ((pending & (col == rel)[:, None, :]) | (rel < 0)[:, None, :]).unsqueeze(1)
+    committed = rel < 0  # [R, T]
+    if x.key_mask is not None:
+        m = x.key_mask.shape[1]
+        committed[:, :m] &= x.key_mask
+    return ((pending & (col == rel)[:, None, :]) | committed[:, None, :]).unsqueeze(1)
 
 
 def step_mask(visible: torch.Tensor, cfg, dtype: torch.dtype):
@@ -154,11 +162,12 @@ def listed(x: StaticInputs, cfg, dtype: torch.dtype) -> NativePlan | None:
 
 def step_attention(x: StaticInputs, cfg, h: torch.Tensor, t: int):
     """What a step's blocks attend with over T = `t` slots: a drafter level's lists (`listed`); on CUDA with the
-    Triton kernels the list plan of its `visibility` in one pass, no mask made (`step_plan`: the same lists);
-    else the mask's (`step_mask`)."""
+    Triton kernels the list plan of its `visibility` in one pass, no mask made (`step_plan`: the same lists), where no
+    key is hidden; else the mask's (`step_mask`)."""
     if (lists := listed(x, cfg, h.dtype)) is not None:
         return lists
-    if kernel_choice.one_pass(h) and attention_path(h.dtype, h.device, cfg.attn_softcap) == "native":
+    if (kernel_choice.one_pass(h) and attention_path(h.dtype, h.device, cfg.attn_softcap) == "native"
+            and x.key_mask is None):  # (step_plan sees every committed slot)
         r, s = x.tokens.shape
         idx, count, shared = torch.ops.specgen.step_plan(x.meta[0], x.tree, t)
         return NativePlan(idx, count, shared, torch.empty(r, s, cfg.n_heads, cfg.hd, dtype=h.dtype, device=h.device),

@@ -668,6 +668,32 @@ def test_a_class_prefill_is_one_replay_with_the_eager_prefills_bits(monkeypatch,
         assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
+@pytest.mark.parametrize("cfg_scale", [3.0, 1.0])
+def test_t2i_steps_see_each_rows_caption_padding_as_eager_steps_do(monkeypatch, cfg_scale):
+    """A t2i target's hidden caption slots (`KVCache.key_mask`) in the steps' static buffer: AR and EAGLE-2 over three
+    captions of 2, 6 and 4 real slots, two rows at a time (a refill, a row left), captured and replayed through the
+    emulation, decode what eager decodes, and the steps were replays."""
+    from specgen.image.target import CaptionCFGTarget
+    from specgen.methods import run_batch
+    from specgen.methods.eagle import FixedShape, TreeShape
+    from tests.image.test_t2i_generate import GRID, caption, drafter, tiny_t2i_gpt
+
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    captions, n = [caption(i, valid) for i, valid in enumerate([2, 6, 4])], GRID * GRID
+
+    def decode_all(model) -> list:
+        target = CaptionCFGTarget(model, cfg_scale, captions)
+        prompts = [target.prompt(i) for i in range(len(captions))]
+        makes = (lambda i: EmptyDrafter(), lambda i: drafter(model, target, FixedShape(TreeShape(3, 4, 12))))
+        return [[r.tokens for r in run_batch(target, make, prompts, n, SamplingParams(), batch_size=2).results]
+                for make in makes]
+
+    eager, model = decode_all(tiny_t2i_gpt(1)), tiny_t2i_gpt(1)
+    steps = graphs.attach(model, "on", capture=True)
+    assert decode_all(model) == eager and eager[0] == eager[1]
+    assert steps.replays > 0 and steps.eager_calls == 0 and steps.key_mask is not None
+
+
 def test_a_copied_model_runs_eagerly():
     import copy
 
