@@ -72,4 +72,3 @@ class MeshTarget:
             outs = decoder.eager(tokens, positions, cache, tree_mask)
             outs = outs if self.along is None else self.along(*outs)
         return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None)
-

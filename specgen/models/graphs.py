@@ -259,8 +259,8 @@ class StepGraphs:
 
     def prompt_graphs(self) -> "StepGraphs":
         """The prompts' own captures, buffer and memory pool (made on first use: a text prompt's chunks, `prefill`; a
-        mesh's encoder and start, mesh/target.py): a prompt's outputs outlive the steps' replays, and the steps' new
-        captures (`adopt_cross`) leave them be."""
+        mesh's encoder and start, a class label's position: `static_step.first_node`): a prompt's outputs outlive the
+        steps' replays, and the steps' new captures (`adopt_cross`, `adopt_key_mask`) leave them be."""
         if self.prompts is None:
             self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
         return self.prompts

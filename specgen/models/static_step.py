@@ -131,8 +131,8 @@ def visibility(x: StaticInputs, t: int) -> torch.Tensor:
     pending = x.tree.gather(2, col[:, None, :].expand(r, s, t))  # [R, S, T]
     committed = rel < 0  # [R, T]
     if x.key_mask is not None:
-        m = x.key_mask.shape[1]
-        committed[:, :m] &= x.key_mask
+        m = min(x.key_mask.shape[1], t)
+        committed[:, :m] &= x.key_mask[:, :m]
     return ((pending & (col == rel)[:, None, :]) | committed[:, None, :]).unsqueeze(1)
 
 
@@ -223,7 +223,7 @@ def blocks(module, h: torch.Tensor, x: StaticInputs, k: torch.Tensor, v: torch.T
 def target_step(model, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
                 width: int | None = None, embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """A Transformer's cached forward on one bucket: logits [R, S, V] and hidden [R, S, dim]; device ops only.
-    `embeds` [R, S, dim]: the input embeddings in place of the tokens' (a mesh's start vector: mesh/target.py)."""
+    `embeds` [R, S, dim]: the input embeddings in place of the tokens' (a prompt of one embedding: `first_node`)."""
     h, f = blocks(model, model.embed(x.tokens) if embeds is None else embeds, x, k, v, cross, width)
     n = model.norm
     hidden = n(h) if f is None else torch.ops.specgen.add_rms_norm(h, f, n.weight, n.eps)[1]
