@@ -298,8 +298,8 @@ class StepGraphs:
         in the static buffers, and neither a target tree nor hidden keys on the chunked attention (StepKind)."""
         if self.k is None or cache.k.data_ptr() != self.k.data_ptr():
             return False
-        chunked = attention_path(self.dtype, self.device, self.model.cfg.attn_softcap) == "chunked"
-        if chunked and (cache.key_mask is not None or (tree_mask is not None and self.kind.exact_trees)):
+        if ((cache.key_mask is not None or (tree_mask is not None and self.kind.exact_trees))
+                and attention_path(self.dtype, self.device, self.model.cfg.attn_softcap) == "chunked"):
             return False  # the chunked chain plan puts a tree node's keys where the cache has them, not in AR's order,
             # and sees every committed slot
         if cache.cross is not None:
