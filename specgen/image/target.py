@@ -56,9 +56,7 @@ class CFGTarget:
 
         key = ("class", self.branches, self.cfg_scale)  # the guidance is baked into the capture
         logits, hidden, k, v = graphs.prompt_graphs().call(key, run, {"labels": labels})
-        cache.k[:, :, :, :1].copy_(k)  # [L, branches, Hkv, 1, hd]
-        cache.v[:, :, :, :1].copy_(v)
-        self.commit(cache, [0])
+        cache.commit_first(k, v, self.branches)  # k, v [L, branches, Hkv, 1, hd]
         return TargetOut(logits.clone(), hidden.clone())  # the graph's buffers: the next image's prefill rewrites them
 
     @torch.inference_mode()

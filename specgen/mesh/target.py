@@ -56,9 +56,7 @@ class MeshTarget:
         # before the next prefill (`KVCache.absorb`), the rest is kept (a batch prefills every free slot before its
         # rows read their logits, and XSpecMesh's heads their condition)
         cache.cross = list(zip(kv[::2], kv[1::2]))
-        cache.k[:, :, :, :1].copy_(k)  # [L, 1, Hkv, 1, hd]: the start's keys and values in the row's slot 0
-        cache.v[:, :, :, :1].copy_(v)
-        cache.commit_seqs({0: [0]}, 1)
+        cache.commit_first(k, v, 1)  # [L, 1, Hkv, 1, hd]: the start's keys and values in the row's slot 0
         return cond.clone(), logits.clone(), hidden.clone()
 
     @torch.inference_mode()

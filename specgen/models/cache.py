@@ -121,6 +121,13 @@ class KVCache:
             self.k[:, row, :, dst] = self.k[:, row, :, src]  # [N, L, H_kv, D] gathered whole, then written
             self.v[:, row, :, dst] = self.v[:, row, :, src]
 
+    def commit_first(self, k: torch.Tensor, v: torch.Tensor, branches: int) -> None:
+        """Every row's slot 0 holds keys and values k, v [L, B, Hkv, 1, D] (`static_step.first_node`'s: its rows'
+        first node), committed: empty rows, each sequence on its `branches` rows."""
+        self.k[:, :, :, :1].copy_(k)
+        self.v[:, :, :, :1].copy_(v)
+        self.commit_seqs(dict.fromkeys(range(self.batch // branches), [0]), branches)
+
     def rollback(self, row: int, length: int) -> None:
         """Forget everything at or after slot `length` in `row`."""
         if length > self.lengths[row]:
