@@ -385,7 +385,8 @@ def test_text_steps_eager_ops_stay_within_budget(monkeypatch):
 def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     """A captured ADT-Tree step's eager ops outside its replays (each a launch and a dispatch on a GPU). At de58c7e a
     step here was 57.6 at batch 1, 69.3 at batch 2 (29.3 and 41.6 since; 23.1 and 29.9 since an image's class
-    position prefills as one replay, `CFGTarget.prefill`), and each cut's own check below fails there
+    position prefills as one replay, `CFGTarget.prefill`; 19.4 and 26.1 since a catch-up and its growth are one
+    replay), and each cut's own check below fails there
     (8.6 ops of image/target.py, 1.9 zero_, 2.9 clones, 1.9 host tensors of the growth's, 1 verify_batch a step): CFG's
     combine and the branches' repeat_interleave run inside the verify's replay (image/target.py's eager ops: its
     prefill's, once a sequence); padding keeps its buffers' values (no zero_); the catch-up's output is the drafter
@@ -404,7 +405,7 @@ def test_an_image_tree_steps_eager_ops_stay_within_budget(monkeypatch, batch):
     assert sum(n for (f, op), n in by_op.items() if op.startswith("clone") and f != "specgen/image/target.py") <= 2
     assert by_op["specgen/methods/eagle.py", "lift_fresh.default"] <= 1
     assert by_op["specgen/decoding/verify.py", "unbind.int"] < 0.5
-    assert ops <= {1: 25, 2: 32}[batch]
+    assert ops <= {1: 21, 2: 28}[batch]
 
 
 def launches(by_op: dict) -> Counter:
@@ -417,11 +418,12 @@ def launches(by_op: dict) -> Counter:
 
 
 def test_a_tiny_tree_steps_real_launches_stay_within_budget(monkeypatch):
-    """A tiny CFG image model's ADT-Tree step (`tree_step_ops`): the catch-up's replay gathers each row's root into the
-    buffer its growth's replay reads (no copy, pad or join between them: devices.py's copies are the host inputs'
-    alone, the catch-up's, the growth's and the verify's). At 0845935 14.9 a step, 3.8 copies (13.9 and 2.9 since)."""
+    """A tiny CFG image model's ADT-Tree step (`tree_step_ops`): a catch-up and its growth are one replay, each row's
+    root gathered inside it (no copy, pad or join between them: devices.py's copies are the host inputs' alone, the
+    catch-up's with its growth's ints, and the verify's). At 0845935 14.9 a step, 3.8 copies (13.9 and 2.9 since; 10.3
+    and 2 since the catch-up and the growth share a replay)."""
     found = launches(tree_step_ops(monkeypatch, 1)[1])
-    assert found["specgen/devices.py", "copy_.default"] <= 3 and sum(found.values()) <= 14, found
+    assert found["specgen/devices.py", "copy_.default"] <= 2 and sum(found.values()) <= 11, found
 
 
 @pytest.mark.slow
@@ -454,7 +456,8 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
             by_op[line.split(":")[0], line.split()[-1]] += n / c.steps
     sync_count.OpCounter.by_line = None
     found = launches(by_op)
-    assert {op for f, op in found if f == "specgen/models/cache.py"} == {"commit_slots.default"}
+    # a step's (an image's prefill puts its class position's keys and values in slot 0: `commit_first`, once an image)
+    assert {op for (f, op), n in found.items() if f == "specgen/models/cache.py" and n > 0.5} == {"commit_slots.default"}
     assert sum(n for (f, _), n in found.items() if f != "specgen/models/vq.py") <= 16.5, found
 
 

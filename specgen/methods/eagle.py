@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -17,10 +16,10 @@ from specgen.decoding.pool import PoolBase, RowStep
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
-from specgen.decoding.verify import Span, forward_span, host_batch
+from specgen.decoding.verify import HostBatch, Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
-from specgen.methods.eagle_grow import (Children, Frame, GrownTrees, GrowPlan, TreeShape, branch_rows, grow,
-                                        kept_counts, level_mask, level_positions, slot_offsets, static_growth,
+from specgen.methods.eagle_grow import (CapturedGrowth, Children, Frame, GrownTrees, GrowPlan, TreeShape,
+                                        branch_rows, grow, kept_counts, level_mask, level_positions, slot_offsets,
                                         tree_columns)
 from specgen.models.cache import KVCache
 from specgen.models.graphs import ROW_BUCKETS
@@ -111,6 +110,15 @@ class DrafterForward(Tokens):
         self.head(self.module(self.features(ids), ids, positions, state))  # as `Children` scores a level
 
 
+@dataclass(frozen=True)
+class Pairs:
+    """A catch-up's inputs: the pairs (f_p, x_{p+1}) each row committed since its last catch-up (`EagleBatch.pairs`)."""
+
+    features: torch.Tensor  # [n * br, M, D]: each branch row's f, zeros after its pairs
+    batch: HostBatch  # tokens, positions [n * br][M] on the host (a padded chain's tree mask)
+    sizes: list[int]  # [n]: pairs a sequence
+
+
 class TreeVerify(DraftVerify):
     """Draft-verify over `EagleBatch` with the trees left on the device until the verdict: the growth builds the
     verify's inputs too, so nothing waits between the growth and the verify (on a GPU they run back to back), and the
@@ -184,8 +192,7 @@ class EagleBatch(PoolBase):
                 d.owed, d.last_shape = True, None
             return None
         view = self.cache.rows(0, n * br)
-        root_hidden = self.catch_up(self.rows[:n], seqs, view)  # 1. [n * br, 1, D]
-        self.cache.absorb(view, 0)  # the pairs stay; the levels write past every row's length (the view's lengths)
+        pairs = self.pairs(self.rows[:n], seqs)  # 1. the pairs committed since each row's last catch-up
         shapes = []
         for d, seq, budget, s in zip(self.rows, seqs, budgets, stats):
             shape = d.policy.shape(len(seq))
@@ -195,8 +202,9 @@ class EagleBatch(PoolBase):
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
             s.drafter_forwards += max(shapes[-1].depth, 1)  # the catch-up, then one forward per level after the first
         if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
+            self.catch_up(view, pairs)
             return None
-        prefix = list(view.lengths[::br])  # [n]: each sequence's committed drafter slots
+        prefix = [length + m for length, m in zip(view.lengths[::br], pairs.sizes)]  # [n]: committed drafter slots
         k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
         depth = [s.depth for s in shapes]
         # a level's forward runs every row's frontier at the widest (a captured growth pads further: its rows are the
@@ -204,9 +212,12 @@ class EagleBatch(PoolBase):
         self.forwards += [n * br * w for w in GrowPlan.exact(k, shapes, feed).widths[1:]]
         counts = kept_counts(k, depth, [s.total_tokens for s in shapes])
         ints = [[len(s) - 1 for s in seqs], k, depth, counts, prefix, [s[-1] for s in seqs]]
-        grown = (self.grow_captured(view, root_hidden, ints, shapes, feed)
-                 or self.grow_eager(view, root_hidden, ints, shapes, feed))
-        return GrownTrees(grown[0], grown[1], tuple(counts), grown[2:], mark(root_hidden.device))  # 2.-5. unread
+        grown = self.grow_captured(view, pairs, ints, shapes, feed)  # 1.-5. in one replay
+        if grown is None:  # 1., then 2.-5. level by level past what the forward left committed (the tests' oracle
+            roots = self.catch_up(view, pairs)  # drafters commit a prompt in their first one)
+            ints[4] = list(view.lengths[::br])
+            grown = self.grow_eager(view, roots, ints, shapes, feed)
+        return GrownTrees(grown[0], grown[1], tuple(counts), grown[2:], mark(pairs.features.device))  # unread
 
     def grow_eager(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape], feed: bool):
         """The growth level by level through the drafter's forward over `view` (exact widths, keys up to the longest
@@ -237,10 +248,9 @@ class EagleBatch(PoolBase):
         frame = Frame.make(ints_t[1], levels[0], plan.widths)
         return grow(forward, self.children, root_hidden, ints_t, plan, br, frame)
 
-    def grow_captured(self, view, root_hidden: torch.Tensor, ints: list[list[int]], shapes: list[TreeShape],
-                      feed: bool):
-        """The growth as one replay of the drafter's captured steps (rows padded to a bucket, widths to the plan's), or
-        None where it runs eagerly (no captured steps, another cache, no room for the levels' slots)."""
+    def grow_captured(self, view, pairs: Pairs, ints: list[list[int]], shapes: list[TreeShape], feed: bool):
+        """The catch-up and the growth as one replay of the drafter's captured steps (rows padded to a bucket, widths
+        to the plan's), or None where they run eagerly (no captured steps, another cache, no room for the levels)."""
         graphs, n, br = self.net.graphs, len(shapes), self.br
         if graphs is None or not graphs.servable(view, None):
             return None
@@ -250,51 +260,52 @@ class EagleBatch(PoolBase):
         slots = max(ints[4]) + sum(plan.widths[1:])  # the longest prefix + the levels' slots
         if slots > graphs.k.shape[3]:
             return None
-        width = graphs.width(slots)
         padded = next((r for r in ROW_BUCKETS if n <= r and r * br <= graphs.capacity), n)
         pad = padded - n  # padding sequences: no tree (k = 0), their rows write into the scratch row
-        roots = graphs.root_rows(root_hidden, padded * br)  # where the catch-up's replay put them: no copy
-        # on the host, one copy (`call` copies it): `ints` [6, padded], then each cache row's write row [padded * br]
-        host = torch.tensor([v for x in ints for v in x + [0] * pad] + list(range(n * br))
-                            + [graphs.capacity] * (pad * br))
-        grow_rows = partial(static_growth, self.net, self.children, (graphs.k, graphs.v), plan, br, width)
-
-        def run(root_hidden, host):  # the host part's views: no kernel
-            return grow_rows(root_hidden, host[: 6 * padded].view(6, padded), host[6 * padded :])
-
-        key = ("grow", padded, plan, width, br, self.children.scale)  # a later pool's growths reuse it at its CFG
-        outs = graphs.call(key, run, {"host": host}, bound={"root_hidden": roots})
+        # keyed by its CFG scale too: a later pool's growths reuse it at its own
+        growth = CapturedGrowth(padded, plan, graphs.width(slots), br, self.children.scale, self.net, self.children,
+                                (graphs.k, graphs.v))
+        # staged with the catch-up's inputs: `ints` [6, padded], then each cache row's write row [padded * br]
+        host = [v for x in ints for v in x + [0] * pad] + list(range(n * br)) + [graphs.capacity] * (pad * br)
+        outs = graphs.catch_up(pairs.batch, view, pairs.features, growth, host)
+        if outs is None:
+            return None
+        self.commit_pairs(view, pairs.sizes)
         return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
 
-    def catch_up(self, rows, seqs, view) -> torch.Tensor:
-        """Run the pairs (f_p, x_{p+1}) committed since the last step, every row padded to the most; commit them."""
+    def pairs(self, rows, seqs) -> Pairs:
+        """The pairs (f_p, x_{p+1}) each row committed since its last catch-up, every row padded to the most."""
         for d in rows:
             if d.backlog:
                 d.pending, d.backlog = torch.cat([d.pending, *d.backlog], 1), []
         br, ms = self.br, [d.pending.shape[1] for d in rows]
         n, width = len(rows), max(ms)
         self.forwards.append(n * br * width)  # every row padded to the most pairs
-        device = rows[0].pending.device
         # [n * br, M, D]: each row's pairs, zeros after them (no op for a row as wide as the widest, nor to join one)
         padded = [d.pending if m == width else F.pad(d.pending, (0, 0, 0, width - m)) for d, m in zip(rows, ms)]
-        feats = padded[0] if n == 1 else torch.cat(padded)
         per_row = [(seq, m) for seq, m in zip(seqs, ms) for _ in range(br)]  # each branch row: its sequence's chain
         batch = host_batch([seq[-m] for seq, m in per_row],  # the last m tokens, from position len - m
                            [Draft(tuple(seq[len(seq) - m + 1:]), DraftTree.chain(m - 1)) for seq, m in per_row],
                            [len(seq) - m for seq, m in per_row])
-        # captured: staged in one copy, each row's root gathered inside the replay into the buffer the growth reads
-        graphs = self.net.graphs
-        roots = None if graphs is None else graphs.forward_host(batch, view, feats)  # [n * br, 1, D]
-        if roots is None:
-            inputs = batch.to(device)
-            hidden = self.net(feats, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)  # [n br, M, D]
-            if ms.count(width) == n:  # every row's last pair in the last column (every step at batch 1): one view
-                roots = hidden[:, -1:]
-            else:
-                last = host_tensor([m - 1 for m in ms for _ in range(br)], device)
-                roots = hidden[torch.arange(n * br, device=device), last].unsqueeze(1)
-        view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, br)
+        return Pairs(padded[0] if n == 1 else torch.cat(padded), batch, ms)
+
+    def catch_up(self, view, pairs: Pairs) -> torch.Tensor:
+        """Run the pairs eagerly and commit them: each branch row's features at its last pair [n * br, 1, D]."""
+        br, ms, width = self.br, pairs.sizes, pairs.features.shape[1]
+        inputs = pairs.batch.to(pairs.features.device)
+        hidden = self.net(pairs.features, inputs.tokens, inputs.positions, view, tree_mask=inputs.tree_mask)
+        if ms.count(width) == len(ms):  # every row's last pair in the last column (every step at batch 1): one view
+            roots = hidden[:, -1:]
+        else:
+            last = host_tensor([m - 1 for m in ms for _ in range(br)], hidden.device)
+            roots = hidden[torch.arange(len(ms) * br, device=hidden.device), last].unsqueeze(1)
+        self.commit_pairs(view, ms)
         return roots
+
+    def commit_pairs(self, view, ms: list[int]) -> None:
+        """The caught-up pairs stay; a growth's levels write past every row's length (the view's lengths)."""
+        view.commit_seqs({i: list(range(m)) for i, m in enumerate(ms)}, self.br)
+        self.cache.absorb(view, 0)
 
     def drafted(self) -> list[int]:
         return self.forwards

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -284,6 +284,34 @@ def static_growth(net, children: Children, cache: tuple[torch.Tensor, torch.Tens
 
     return grow(forward, children, root_hidden, ints, plan, branches, setup.frame,
                 Join(net.tok_embeddings.weight, lists))
+
+
+@dataclass(frozen=True)
+class CapturedGrowth:
+    """`static_growth` as a drafter's captured catch-up runs it on its roots, in the same replay (a `RootsNext`:
+    `StepGraphs.catch_up`): `padded` sequences of `branches` cache rows at one width `t`. It keys the capture by
+    what the graph bakes in (the plan, rows, width and CFG scale); its host ints are `grow`'s [6, padded], then each
+    cache row's write row [padded * branches]."""
+
+    padded: int
+    plan: GrowPlan
+    t: int
+    branches: int
+    scale: float
+    net: torch.nn.Module = field(compare=False)
+    children: Children = field(compare=False)
+    cache: tuple[torch.Tensor, torch.Tensor] = field(compare=False)  # the drafter's static k, v
+
+    @property
+    def extra(self) -> int:
+        return self.padded * (6 + self.branches)
+
+    def __call__(self, roots: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """roots [R, 1, D] (R, the catch-up's bucket rows, holds the padded rows: both round a power of two up),
+        ints [extra] -> `static_growth`'s outputs over the padded sequences."""
+        n, rows = self.padded, self.padded * self.branches
+        return static_growth(self.net, self.children, self.cache, self.plan, self.branches, self.t, roots[:rows],
+                             ints[: 6 * n].view(6, n), ints[6 * n :])
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from specgen.models.eagle import EagleNet
 from specgen.models.heads import XSpecMeshHeads, head_logits
 from specgen.models.kernel_choice import attention_path
 from specgen.models.sliced_linear import PROMPT_SLICE_ROWS, SLICE_ROWS, SlicedLinear
-from specgen.models.static_step import (MIN_WIDTH, Bucket, StaticInputs, eagle_step, gather_roots, meta_rows,
+from specgen.models.static_step import (MIN_WIDTH, Bucket, StaticInputs, eagle_step, meta_rows, roots_then,
                                         target_step)
 from specgen.models.transformer import Transformer
 
@@ -52,6 +52,16 @@ class HostInputs(Protocol):
 
     def tree_mask(self) -> torch.Tensor | None:
         """[n, S, S] on the host; None: equal chains (causal)."""
+
+
+class RootsNext(Protocol):
+    """What a drafter's captured catch-up runs on its roots in the same replay (a tree growth: methods/eagle.py):
+    hashable, as it keys the captures with the bucket."""
+
+    extra: int  # the host ints it reads, staged with the catch-up's inputs
+
+    def __call__(self, roots: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """roots [R, 1, D] (each catch-up row's last node), ints [extra] -> its outputs; device ops only."""
 
 
 class StepGraphs:
@@ -109,7 +119,6 @@ class StepGraphs:
         self.k = self.v = None  # [L, C + 1, Hkv, T, D]: C cache rows and one scratch row for padding rows
         self.cross = None  # per layer (k, v) [C, H, M, D]: the conditions (cross-attention models)
         self.key_mask = None  # [C, M] bool: each row's first M committed slots its queries see (t2i: `adopt_key_mask`)
-        self.roots = None  # [C, 1, D]: each row's catch-up root, a growth's input read in place (`forward_host`)
         self.pool, self.graph_bytes = None, 0  # the captures' memory pool, and the device memory it holds
         # what a caller's captures read besides their staged inputs (XSpecMesh's stacked heads, their stage), kept here
         # for later callers to replay them, and dropped with them
@@ -158,76 +167,58 @@ class StepGraphs:
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
-    def forward_host(self, batch: HostInputs, cache: KVCache, features: torch.Tensor) -> torch.Tensor | None:
-        """An EAGLE drafter's forward over inputs built on the host (its catch-up: `host_batch`): its tokens, positions,
-        the bucket's meta and each row's last real node (`sizes` - 1) staged in one copy from page-locked memory; the
-        features [n, S, D] (any dtype: the copy casts them). Its result, each row's predicted features at its last
-        node [n, 1, D] (the roots of its tree growth), gathered inside the replay into `roots` (`root_rows`: a growth
-        reads them there, no copy between the graphs; read them before the drafter's next catch-up), or None where
-        this call must run eagerly."""
+    def catch_up(self, batch: HostInputs, cache: KVCache, features: torch.Tensor, then: RootsNext,
+                 ints: list[int]) -> tuple[torch.Tensor, ...] | None:
+        """An EAGLE drafter's catch-up over inputs built on the host (`host_batch`) and what runs on its result (its
+        tree growth), in one replay: tokens, positions, the bucket's meta, each row's last real node (`sizes` - 1) and
+        `then`'s host `ints` staged in one copy from page-locked memory; the features [n, S, D] (any dtype: the copy
+        casts them). Each row's predicted features at its last node, the roots [R, 1, D], go with the staged ints to
+        `then` inside the replay (`static_step.roots_then`); its outputs are the graph's own buffers (read them before
+        this module's next call). None where this call must run eagerly."""
         n, s = len(batch.tokens), len(batch.tokens[0])
 
         def stage(x: StaticInputs, b: Bucket) -> None:
             last = [m - 1 for m in batch.sizes] + [0] * (b.rows - n)  # a padding row: its node 0's (finite)
-            self.stage_host(x, b, batch.tokens, batch.positions, cache, last)
+            self.stage_host(x, b, batch.tokens, batch.positions, cache, last + ints)
             x.real(n, s)[2].copy_(features)
 
-        roots = self.root_buffer(features.shape[-1])
-        outs = self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage, roots)
-        return None if outs is None else roots[:n]
+        return self.replay(n, s, cache, batch.tree_mask(), features.shape[-1], 1, None, stage, then)
 
     def stage_host(self, x: StaticInputs, b: Bucket, tokens: list, positions: list, cache: KVCache, last: list,
                    branches: int = 1) -> None:
         """Inputs built on the host into the bucket's int buffer in one copy from page-locked memory: tokens and
-        positions [n][S] (each sequence's on its `branches` rows), the meta of its rows and `last` [R]. Padding nodes
-        and rows get token 0 at position 0 (finite, seen by no real node)."""
+        positions [n][S] (each sequence's on its `branches` rows), the meta of its rows, and `last` [R] (a catch-up's:
+        then its growth's `extra` ints). Padding nodes and rows get token 0 at position 0 (finite, seen by no real
+        node)."""
         rows, s = len(tokens) * branches, len(tokens[0])
         pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - rows))
         block = lambda t: [v for row in t for _ in range(branches) for v in row + pad] + pad_rows  # noqa: E731  [R, S]
         meta = meta_rows(cache.lengths, rows, b.rows, self.capacity)
         copy_into(x.ints, torch.tensor(block(tokens) + block(positions) + meta[0] + meta[1] + last))
 
-    def root_buffer(self, dim: int) -> torch.Tensor:
-        """`roots` [C, 1, dim], made on first use (outside any capture: every growth graph reads the one buffer)."""
-        if self.roots is None:
-            self.roots = torch.zeros(self.capacity, 1, dim, dtype=self.dtype, device=self.device)
-        return self.roots
-
-    def root_rows(self, hidden: torch.Tensor, rows: int) -> torch.Tensor:
-        """The first `rows` rows of `roots` holding the roots hidden [n, 1, D] in their first n: a captured catch-up
-        gathered them there (`forward_host`: nothing to copy), an eager one's are copied in. Rows past n (a growth's
-        padding sequences) keep what the buffer held, finite: zeros or a catch-up's padding rows."""
-        roots = self.root_buffer(hidden.shape[-1])
-        if hidden.data_ptr() != roots.data_ptr():
-            roots[: hidden.shape[0]].copy_(hidden)
-        elif hidden.shape[0] == rows:  # the catch-up's own view (no padding sequence): no second view (a host op)
-            return hidden
-        return roots[:rows]
-
     def replay(self, n: int, s: int, cache: KVCache, tree_mask: torch.Tensor | None, feature_dim: int | None,
                branches: int, post: Callable | None, stage: Callable[[StaticInputs, Bucket], None],
-               roots: torch.Tensor | None = None):
-        """`forward`'s and `forward_host`'s replay: the bucket's buffers, `stage`d by the caller (its tokens, positions,
+               then: RootsNext | None = None):
+        """`forward`'s and `catch_up`'s replay: the bucket's buffers, `stage`d by the caller (its tokens, positions,
         meta and features) and here (its tree), the step (and `post`) replayed, the real part of its outputs; given
-        `roots` (a drafter's catch-ups: all of a module's forward_host steps), each row's features at its `last` node
-        gathered into them inside the replay, and the outputs as the graph holds them (the caller reads `roots`)."""
+        `then` (a drafter's catch-up), the step's roots go to it inside the replay, and its outputs are returned as the
+        graph holds them."""
         rows = n * branches
         b = self.bucket(rows, s, max(cache.lengths)) if self.servable(cache, tree_mask) else None
         if b is None:
             self.eager_calls += 1
             return None
-        key = b if post is None else (b, post)
+        key = b if post is None and then is None else (b, post if then is None else then)
         x = self.graphs[key][0] if key in self.graphs else StaticInputs.for_bucket(
             b, self.device, None if feature_dim is None else (feature_dim, self.dtype),
-            None if self.key_mask is None else self.key_mask[: b.rows])
+            None if self.key_mask is None else self.key_mask[: b.rows], 0 if then is None else then.extra)
         stage(x, b)
         self.stage_tree(x, n, s, branches, tree_mask)
         step = lambda: self.kind.step(self.model, x, self.k, self.v, self.cross, b.width)  # noqa: E731
-        if roots is not None:
-            step = partial(gather_roots, step, x, roots)
-        outs = self.run(key, x, step if post is None else lambda: post(*step()),
+        outs = self.run(key, x, partial(roots_then, step, x, then) if then is not None else
+                        step if post is None else lambda: post(*step()),
                         f"bucket of {b.rows} rows x {b.nodes} nodes over {b.width} slots")
-        if roots is not None:  # a catch-up: its result is `roots`, its outputs unread (no views of them to make)
+        if then is not None:  # a catch-up's growth: its outputs as the graph holds them (no views to make)
             return outs
         real = [(o, rows if o.shape[0] == b.rows else n) for o in outs]
         outs = tuple(o if o.shape[:2] == (r, s) else o[:r, :s] for o, r in real)  # a slice is a host op: none unpadded
@@ -265,16 +256,14 @@ class StepGraphs:
             self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
         return self.prompts
 
-    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor],
-             bound: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes, and the
-        `bound` inputs read in place (this module's own buffers, written before each call: `root_rows`): a replay of
+    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
         the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
         memory, without waiting (`devices.copy_into`). The outputs are the graph's own buffers,
         in the pool all this module's graphs share (another graph's replay may write them): read them before this
         module's next call or forward."""
         static = self.graphs[key][0] if key in self.graphs else {
-            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()} | (bound or {})
+            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
         for name, t in inputs.items():
             copy_into(static[name], t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")

@@ -54,8 +54,9 @@ class StaticInputs:
     views: dict = field(default_factory=dict)  # (n, s, branches) -> the buffers' views over a call's real part (`real`)
     # None: `tree` is the causal base; else the last tree's rows and nodes, the causal base outside them
     dirty: tuple[int, int] | None = None
-    ints: torch.Tensor | None = None  # [2 R S + 3 R]: tokens, positions, meta, `last`: one buffer (views), one copy
-    last: torch.Tensor | None = None  # [R]: each row's last real node (a catch-up's roots: `StepGraphs.forward_host`)
+    ints: torch.Tensor | None = None  # [2 R S + 3 R + E]: tokens, positions, meta, `last`, `extra`: one buffer
+    last: torch.Tensor | None = None  # [R]: each row's last real node (a catch-up's roots: `StepGraphs.catch_up`)
+    extra: torch.Tensor | None = None  # [E]: the host ints of what a catch-up's replay runs next (`roots_then`)
 
     def real(self, n: int, s: int, branches: int = 1) -> tuple:
         """(tokens, positions, features, tree) over a call's real n sequences x s nodes, each [branches, n, s, ...]
@@ -72,12 +73,14 @@ class StaticInputs:
 
     @classmethod
     def for_bucket(cls, b: Bucket, device, features: tuple | None = None,
-                   key_mask: torch.Tensor | None = None) -> "StaticInputs":
+                   key_mask: torch.Tensor | None = None, extra: int = 0) -> "StaticInputs":
         r, s = b.rows, b.nodes
-        ints = torch.zeros(2 * r * s + 3 * r, dtype=torch.long, device=device)
+        ints = torch.zeros(2 * r * s + 3 * r + extra, dtype=torch.long, device=device)
         causal = torch.ones(s, s, dtype=torch.bool, device=device).tril().expand(r, -1, -1)
-        return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s : -r].view(2, r),
-                   causal.clone(), causal=causal, ints=ints, last=ints[-r:], key_mask=key_mask,
+        end = 2 * r * s + 3 * r
+        return cls(ints[: r * s].view(r, s), ints[r * s : 2 * r * s].view(r, s), ints[2 * r * s : end - r].view(2, r),
+                   causal.clone(), causal=causal, ints=ints, last=ints[end - r : end], extra=ints[end:],
+                   key_mask=key_mask,
                    features=None if features is None else torch.zeros(r, s, features[0], dtype=features[1],
                                                                       device=device))
 
@@ -260,9 +263,10 @@ def eagle_step(net, x: StaticInputs, k: torch.Tensor, v: torch.Tensor, cross,
     return (h if f is None else h + f,)
 
 
-def gather_roots(step: Callable[[], tuple], x: StaticInputs, roots: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """`step`'s outputs, its first, hidden [R, S, D], gathered at each row's `last` node into roots[:R] ([R, 1, D])."""
-    outs = step()
-    r, _, d = outs[0].shape
-    torch.gather(outs[0], 1, x.last[:, None, None].expand(r, 1, d), out=roots[:r])
-    return outs
+def roots_then(step: Callable[[], tuple], x: StaticInputs, then: Callable) -> tuple[torch.Tensor, ...]:
+    """A drafter's catch-up `step` and what runs on its result, in one program: the step's hidden [R, S, D] at each
+    row's `last` node ([R, 1, D]: its tree's root) and the staged host ints `extra` [E] go to `then` (a tree growth,
+    methods/eagle.py), whose outputs are returned."""
+    hidden = step()[0]
+    r, _, d = hidden.shape
+    return then(torch.gather(hidden, 1, x.last[:, None, None].expand(r, 1, d)), x.extra)
