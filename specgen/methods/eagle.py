@@ -18,11 +18,11 @@ from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.tree import DraftTree
 from specgen.decoding.verify import HostBatch, Span, forward_span, host_batch
 from specgen.devices import host_tensor, mark, wait_for
-from specgen.methods.eagle_grow import (CapturedGrowth, Children, Frame, GrownTrees, GrowPlan, TreeShape,
+from specgen.methods.eagle_grow import (NO_GROWTH, CapturedGrowth, Children, Frame, GrownTrees, GrowPlan, TreeShape,
                                         branch_rows, grow, kept_counts, level_mask, level_positions, slot_offsets,
                                         tree_columns)
 from specgen.models.cache import KVCache
-from specgen.models.graphs import ROW_BUCKETS
+from specgen.models.graphs import ROW_BUCKETS, RootsNext
 
 
 class ShapePolicy(ABC):
@@ -201,8 +201,9 @@ class EagleBatch(PoolBase):
             d.last_index, d.last_shape = len(seq), None if cut else shape
             shapes.append(TreeShape(min(shape.depth, budget), shape.top_k, shape.total_tokens))
             s.drafter_forwards += max(shapes[-1].depth, 1)  # the catch-up, then one forward per level after the first
-        if all(s.depth <= 0 for s in shapes):  # every row's budget ends at the root: no tree to score
-            self.catch_up(view, pairs)
+        if all(s.depth <= 0 for s in shapes):  # every row's budget or shape ends at the root: no tree to score
+            if self.caught_up(view, pairs, NO_GROWTH, []) is None:
+                self.catch_up(view, pairs)
             return None
         prefix = [length + m for length, m in zip(view.lengths[::br], pairs.sizes)]  # [n]: committed drafter slots
         k = [min(s.top_k, self.vocab) if s.depth > 0 else 0 for s in shapes]
@@ -267,11 +268,19 @@ class EagleBatch(PoolBase):
                                 (graphs.k, graphs.v))
         # staged with the catch-up's inputs: `ints` [6, padded], then each cache row's write row [padded * br]
         host = [v for x in ints for v in x + [0] * pad] + list(range(n * br)) + [graphs.capacity] * (pad * br)
-        outs = graphs.catch_up(pairs.batch, view, pairs.features, growth, host)
-        if outs is None:
-            return None
-        self.commit_pairs(view, pairs.sizes)
-        return tuple(p[:n] for p in outs) if pad else outs  # a slice is a host op: none where no row pads
+        outs = self.caught_up(view, pairs, growth, host)
+        if outs is None or not pad:  # a slice is a host op: none where no row pads
+            return outs
+        return tuple(p[:n] for p in outs)
+
+    def caught_up(self, view, pairs: Pairs, then: RootsNext, ints: list[int]) -> tuple[torch.Tensor, ...] | None:
+        """The pairs' catch-up and `then` on its roots as one replay of the drafter's captured steps, the pairs
+        committed: `then`'s outputs; None where they run eagerly."""
+        graphs = self.net.graphs
+        outs = None if graphs is None else graphs.catch_up(pairs.batch, view, pairs.features, then, ints)
+        if outs is not None:
+            self.commit_pairs(view, pairs.sizes)
+        return outs
 
     def pairs(self, rows, seqs) -> Pairs:
         """The pairs (f_p, x_{p+1}) each row committed since its last catch-up, every row padded to the most."""

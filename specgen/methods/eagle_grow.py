@@ -315,6 +315,19 @@ class CapturedGrowth:
 
 
 @dataclass(frozen=True)
+class RootsAlone:
+    """A captured catch-up with no tree after it (every row's budget or shape ends at its root): its roots."""
+
+    extra: int = 0
+
+    def __call__(self, roots: torch.Tensor, ints: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (roots,)
+
+
+NO_GROWTH = RootsAlone()
+
+
+@dataclass(frozen=True)
 class GrowthSetup:
     """A captured growth's constants, all from the host-known ints (one width W, `GrowPlan.bucketed`): its frame, each
     cache row's node position, RoPE table row and cache meta at each level, and the levels' attention lists."""

@@ -559,6 +559,37 @@ def test_image_trees_grown_by_the_static_growth_decode_what_eager_decodes(method
         assert net.graphs.eager_calls == 0
 
 
+@pytest.mark.parametrize("capture", ["traced"], indirect=True)
+def test_a_step_without_trees_catches_up_in_a_replay_of_its_own(capture):
+    """A step whose every tree ends at its root (ADT-Tree's depth may adapt to 0) still catches its drafter up: one
+    replay with nothing after it (`RootsAlone`), its pairs committed, so the next tree's drafts are the eager run's."""
+    from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+    from specgen.methods.eagle_grow import RootsAlone
+    from specgen.models.eagle import EagleNet
+
+    class EveryThird(FixedShape):  # no tree at every third position
+        def shape(self, next_index: int) -> TreeShape:
+            return replace(self.tree, depth=0) if next_index % 3 == 0 else self.tree
+
+    model = tiny_image_target(0)
+    torch.manual_seed(1)
+    net = EagleNet.from_target(model).eval()
+    target = CFGTarget(model, 3.0)
+
+    def run():
+        make = lambda i: EagleTreeDrafter(net, model.output, EveryThird(TreeShape(3, 2, 8)),  # noqa: E731
+                                          max_len=64, guidance=target.cfg_scale)
+        got = run_batch(target, make, [[0], [1]], 16, SamplingParams())
+        return [(r.tokens, r.stats.steps) for r in got.results]
+
+    eager = run()
+    graphs.attach(model, "on", capture=capture)
+    graphs.attach(net, "on", capture=capture)
+    assert run() == eager
+    assert any(isinstance(key, tuple) and isinstance(key[1], RootsAlone) for key in net.graphs.graphs)
+    assert net.graphs.eager_calls == 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("capture", ["traced"], indirect=True)
 def test_a_drafter_net_grows_each_pools_trees_under_its_own_guidance(capture):
