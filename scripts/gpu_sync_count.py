@@ -21,7 +21,8 @@ Also counted: eager ops a step, each a kernel launch or a host tensor op the ste
 replay emulation of tests/models/test_graphs.py (each step traced once, replays not counted), so the count is what a
 GPU step would launch besides its graphs; its syncs read 0 there. There the kernels inside the graphs a step
 replays are counted too (`cuda_kernels`: each graph traced with the CUDA path's ops); the first line counts them in a
-SmolLM2-shape bf16 AR step.
+SmolLM2-shape bf16 AR step. `replays/step` counts the captured steps run (`StepGraphs.run`: a graph launch each on a
+GPU, an emulated replay on the CPU; a tree step's drafter work is one, its verify another).
 The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`); the mesh rows are
 lossless XSpecMesh's heads, with vertex lookup, and its candidate tree (`gpu_graphs.py`'s mesh goal row). With
 `--device cpu` the `host ms/step` column is a step's host work: the time between the loop's refills less the
@@ -76,6 +77,7 @@ class Count:
     lines: Counter
     ops: int  # eager ops (launches and host tensor ops) outside graph replays
     kernels: int  # inside the replays (CPU emulation only; 0 on CUDA)
+    replays: int = 0  # captured steps run (`StepGraphs.run`: a graph launch each on a GPU)
 
 
 class SyncCounter:
@@ -233,9 +235,15 @@ def count(run, by_line: bool = False) -> Count:
     """Run `run()` (returns DecodeStats) once to warm up, then again under the counters."""
     run()
     OpCounter.kernels, OpCounter.by_line = 0, Counter() if by_line else None
-    with SyncCounter() as c, OpCounter() as o:
+    replays, step_run = Counter(), graphs.StepGraphs.run
+
+    def counted_run(self, *args):
+        replays["n"] += 1
+        return step_run(self, *args)
+
+    with mock.patch.object(graphs.StepGraphs, "run", counted_run), SyncCounter() as c, OpCounter() as o:
         stats = run()
-    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops, OpCounter.kernels)
+    return Count(stats.steps, sum(c.lines.values()), c.explicit, c.lines, o.ops, OpCounter.kernels, replays["n"])
 
 
 def ms_per_step(run, device: str, rounds: int = 3) -> tuple[float, float | None]:
@@ -375,7 +383,8 @@ def main() -> None:
     print(f"kernels inside a captured bf16 AR step, SmolLM2 shape: {kernels} ({kernels / layers:.1f} a layer)")
     if not args.by_op:
         print(f"{'case':<28} {'steps':>5} {'implicit/step':>13} {'explicit/step':>13} {'ops/step':>8} "
-              f"{'graph kernels/step':>18} {'ms/step':>8} {'host ms/step':>12}  top implicit lines (per step)")
+              f"{'replays/step':>12} {'graph kernels/step':>18} {'ms/step':>8} {'host ms/step':>12}  "
+              "top implicit lines (per step)")
     for cases in (text_cases, image_cases, mesh_cases):  # a suite's rows printed before the next one loads
         for name, run in cases(args.device).items():
             if args.by_op not in (None, name):
@@ -389,7 +398,8 @@ def main() -> None:
             top = ", ".join(f"{line} {n / steps:.2f}" for line, n in c.lines.most_common(args.top))
             kernels = f"{c.kernels / steps:.0f}" if c.kernels else "-"
             print(f"{name:<28} {c.steps:>5} {c.implicit / steps:>13.2f} {c.explicit / steps:>13.2f} "
-                  f"{c.ops / steps:>8.0f} {kernels:>18} {ms:>8.2f} {host:>12}  {top}", flush=True)
+                  f"{c.ops / steps:>8.0f} {c.replays / steps:>12.2f} {kernels:>18} {ms:>8.2f} {host:>12}  {top}",
+                  flush=True)
     if args.by_op:
         raise SystemExit(f"--by-op {args.by_op!r}: no such case (the table's first column names them)")
 

@@ -244,6 +244,25 @@ def test_the_sync_count_prints_each_suites_rows_before_the_next_suite_loads(monk
     assert rows == ["text", "image"]
 
 
+def test_the_sync_count_counts_the_replays_of_the_counted_run_alone(monkeypatch):
+    """`replays/step`: the captured steps a run runs (`StepGraphs.run`, a graph launch each on a GPU), not its
+    warm-up's."""
+    from specgen.decoding.stats import DecodeStats
+    from specgen.models import graphs
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_sync_count
+
+    monkeypatch.setattr(graphs.StepGraphs, "run", lambda self, *args: ())
+
+    def run():
+        for _ in range(3):
+            graphs.StepGraphs.run(None, "key", {}, None, "what")
+        return DecodeStats(steps=2)
+
+    assert gpu_sync_count.count(run).replays == 3
+
+
 def test_the_sync_counts_by_op_prints_one_cases_ops_by_line_and_refuses_an_unknown_case(monkeypatch, capsys):
     """`--by-op CASE`: that case alone, its eager ops a step by source line; a case no suite has is one line."""
     from specgen.decoding.stats import DecodeStats
