@@ -253,7 +253,7 @@ class EagleBatch(PoolBase):
         """The catch-up and the growth as one replay of the drafter's captured steps (rows padded to a bucket, widths
         to the plan's), or None where they run eagerly (no captured steps, another cache, no room for the levels)."""
         graphs, n, br = self.net.graphs, len(shapes), self.br
-        if graphs is None or not graphs.servable(view, None):
+        if graphs is None or graphs.k is None:  # whether the view is its buffer: the replay asks (`servable`)
             return None
         plan = GrowPlan.bucketed(ints[1], shapes, self.vocab, feed)
         if plan is None:
