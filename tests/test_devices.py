@@ -143,6 +143,15 @@ def test_the_decode_paths_queue_host_built_tensors_without_a_wait():
     assert not found, found
 
 
+
+@pytest.mark.parametrize("data", [[3, -1, 2**40], [[1, 2], [3, 4], [5, 6]], [7], [[8]], [], [[], []], [True, False],
+                                  [0.5, 1.0], [[1, 2.5]]])
+def test_host_tensors_are_what_torch_tensor_makes(data):
+    """`host_tensor` packs ints (flat or in equal rows) through `int_tensor`'s buffer: the same values, dtype and shape
+    as `torch.tensor`; anything else goes through `torch.tensor` itself."""
+    made, want = devices.host_tensor(data, "cpu"), torch.tensor(data)
+    assert (made.dtype, made.shape) == (want.dtype, want.shape) and torch.equal(made, want)
+
 # ---- the packed CPU layout stays on the CPU ------------------------------------------------------------------------
 def tiny_linears(device="cpu") -> nn.Module:
     return nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8)).to(device)

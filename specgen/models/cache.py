@@ -155,7 +155,7 @@ class KVCache:
             if self.key_mask is None or self.key_mask.shape[1] != view.key_mask.shape[1]:
                 self.key_mask = torch.ones(self.batch, view.key_mask.shape[1], dtype=torch.bool, device=self.k.device)
             self.key_mask[start:stop] = view.key_mask
-        if view.cross is not None:
+        if view.cross is not None and view.cross is not self.cross:  # the same list: `rows`' view of every row
             if self.cross is None:
                 self.cross = [(k.new_zeros((self.batch, *k.shape[1:])), v.new_zeros((self.batch, *v.shape[1:])))
                               for k, v in view.cross]

@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from specgen.devices import copy_into
+from specgen.devices import copy_into, int_tensor
 from specgen.errors import UsageError
 from specgen.models import kernel_choice
 from specgen.models.cache import KVCache
@@ -163,7 +163,8 @@ class StepGraphs:
             real_tokens, real_positions = x.real(n, s, branches)[:2]  # made on the device (run_ahead, a growth)
             real_tokens.copy_(tokens)
             real_positions.copy_(positions)
-            copy_into(x.meta, torch.tensor(meta_rows(cache.lengths, n * branches, b.rows, self.capacity)))
+            meta = meta_rows(cache.lengths, n * branches, b.rows, self.capacity)
+            copy_into(x.meta, int_tensor(meta[0] + meta[1]).view(2, -1))
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
@@ -192,9 +193,13 @@ class StepGraphs:
         node)."""
         rows, s = len(tokens) * branches, len(tokens[0])
         pad, pad_rows = [0] * (b.nodes - s), [0] * (b.nodes * (b.rows - rows))
-        block = lambda t: [v for row in t for _ in range(branches) for v in row + pad] + pad_rows  # noqa: E731  [R, S]
+        def block(t: list) -> list:  # [R * S]: each sequence's padded row on its branch rows, then the padding rows
+            out = []
+            for row in t:
+                out += (row + pad) * branches
+            return out + pad_rows
         meta = meta_rows(cache.lengths, rows, b.rows, self.capacity)
-        copy_into(x.ints, torch.tensor(block(tokens) + block(positions) + meta[0] + meta[1] + last))
+        copy_into(x.ints, int_tensor(block(tokens) + block(positions) + meta[0] + meta[1] + last))
 
     def replay(self, n: int, s: int, cache: KVCache, tree_mask: torch.Tensor | None, feature_dim: int | None,
                branches: int, post: Callable | None, stage: Callable[[StaticInputs, Bucket], None],
