@@ -143,7 +143,6 @@ def test_the_decode_paths_queue_host_built_tensors_without_a_wait():
     assert not found, found
 
 
-
 @pytest.mark.parametrize("data", [[3, -1, 2**40], [[1, 2], [3, 4], [5, 6]], [7], [[8]], [], [[], []], [True, False],
                                   [0.5, 1.0], [[1, 2.5]]])
 def test_host_tensors_are_what_torch_tensor_makes(data):
@@ -151,6 +150,7 @@ def test_host_tensors_are_what_torch_tensor_makes(data):
     as `torch.tensor`; anything else goes through `torch.tensor` itself."""
     made, want = devices.host_tensor(data, "cpu"), torch.tensor(data)
     assert (made.dtype, made.shape) == (want.dtype, want.shape) and torch.equal(made, want)
+
 
 # ---- the packed CPU layout stays on the CPU ------------------------------------------------------------------------
 def tiny_linears(device="cpu") -> nn.Module:

@@ -163,8 +163,7 @@ class StepGraphs:
             real_tokens, real_positions = x.real(n, s, branches)[:2]  # made on the device (run_ahead, a growth)
             real_tokens.copy_(tokens)
             real_positions.copy_(positions)
-            meta = meta_rows(cache.lengths, n * branches, b.rows, self.capacity)
-            copy_into(x.meta, int_tensor(meta[0] + meta[1]).view(2, -1))
+            copy_into(x.meta, int_tensor(meta_rows(cache.lengths, n * branches, b.rows, self.capacity)))
 
         return self.replay(n, s, cache, tree_mask, None, branches, post, stage)
 
