@@ -26,7 +26,9 @@ GPU, an emulated replay on the CPU; a tree step's drafter work is one, its verif
 The image trees grow at a GPU's option defaults on any device (31 nodes: `options.gpu_defaults`); the mesh rows are
 lossless XSpecMesh's heads, with vertex lookup, and its candidate tree (`gpu_graphs.py`'s mesh goal row). With
 `--device cpu` the `host ms/step` column is a step's host work: the time between the loop's refills less the
-emulated replays' (`ms_per_step`), what a GPU's host runs while its device idles.
+emulated replays' (`ms_per_step`), what a GPU's host runs while its device idles, and more: the eager ops run on the
+CPU there (the greedy read's argmax over the vocabulary, output clones, a commit's moves), which a GPU's host only
+launches (docs/LOG.md, session 89: most of a tree step's column).
 """
 
 from __future__ import annotations
@@ -250,8 +252,9 @@ def ms_per_step(run, device: str, rounds: int = 3) -> tuple[float, float | None]
     """Medians over `rounds` runs of `run()` (returns DecodeStats): wall ms a decode step (the device waited for at
     both ends) and, on the CPU, a step's host work: the time from one `Batch.refill` to the next (a step: plan,
     verify, settle, commit, emit; no prefill) less what the emulated replays took inside them. What is left is the
-    loop's Python and the ops it runs outside its graphs, which a GPU's host runs while the device idles between a
-    step's read and its next replay (a replay's own launch, ~10-30 us there, is not in it); None on CUDA."""
+    loop's Python and the ops it runs outside its graphs (run here; a GPU's host launches them), which a GPU's host
+    runs while the device idles between a step's read and its next replay (a replay's own launch, ~10-30 us there,
+    is not in it); None on CUDA."""
     walls, hosts = [], []
     for _ in range(rounds):
         span = {"steps": 0, "s": 0.0, "out": None, "replay": 0.0}
