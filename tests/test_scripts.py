@@ -478,7 +478,8 @@ def test_an_image_tree_steps_commit_is_one_launch(monkeypatch):
     sync_count.OpCounter.by_line = None
     found = launches(by_op)
     # a step's (an image's prefill puts its class position's keys and values in slot 0: `commit_first`, once an image)
-    assert {op for (f, op), n in found.items() if f == "specgen/models/cache.py" and n > 0.5} == {"commit_slots.default"}
+    per_step = {op for (f, op), n in found.items() if f == "specgen/models/cache.py" and n > 0.5}
+    assert per_step == {"commit_slots.default"}
     assert sum(n for (f, _), n in found.items() if f != "specgen/models/vq.py") <= 16.5, found
 
 
