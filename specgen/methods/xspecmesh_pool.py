@@ -294,7 +294,10 @@ class XSpecMeshPool(PoolBase):
                 drafts.append(Draft.empty())
                 continue
             mesh, x = seq[1:-1], seq[-1]
-            heads = functools.cache(functools.partial(self.heads, r, x) if r.ready is None else lambda p=r.ready: p)
+            # read ahead, the candidates are known (no memo to build each step); else the heads run once, and only if a
+            # position needs them
+            heads = (lambda p=r.ready: p) if r.ready is not None else functools.cache(
+                functools.partial(self.heads, r, x))
             if self.widths:  # a candidate tree, its depth within the budget
                 drafts.append(self.decoder._tree(mesh, x, heads, self.widths[:budget], r.memory))
                 continue
