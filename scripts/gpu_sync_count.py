@@ -322,7 +322,9 @@ def mesh_cases(device: str) -> dict:
 
     return {"mesh ar B1 T0": run(MeshDecoder(dec.model, None, dec.eos_id)), "mesh xspecmesh B1 T0": run(dec),
             "mesh xspecmesh vertex B1 T0": run(dec, vertex),
-            "mesh xspecmesh tree B1 T0": run(dec, replace(vertex, candidate_tree=MESH_TREE))}
+            "mesh xspecmesh tree B1 T0": run(dec, replace(vertex, candidate_tree=MESH_TREE)),
+            # last: its steps' key mask stays in the backbone's static buffers, which later captures would read
+            "mesh xspecmesh vertex run_ahead 4 B1 T0": run(dec, replace(vertex, run_ahead=4))}
 
 
 def image_cases(device: str) -> dict:

@@ -338,6 +338,33 @@ def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_xspecmesh_run_ahead_decodes_what_ar_decodes_graphs_on_and_off(dtype):
+    """Lossless greedy XSpecMesh with 4 chain steps a host read (`run_ahead`: each step's verdict and next chain on the
+    device, its rejected nodes hidden by the key mask until the read commits) on CUDA: AR's tokens with graphs off and
+    on, at batch 1 and 2, and with graphs on every step and its `advance` a replay (no host sync inside)."""
+    from specgen.decoding.sampling import SamplingParams as SP
+    from specgen.eval.mesh_bench import benchmark_clouds
+    from specgen.generate.mesh import load_mesh_model
+    from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
+    from specgen.models import graphs
+
+    loaded = load_mesh_model(heads="xspecmesh-ca-tiny", device="cuda", graphs="off", dtype=dtype)
+    dec = loaded.decoder
+    clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3, 0, "cuda")]
+    opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1, vertex_lookup=True, run_ahead=4)
+    ar = [r.tokens for r in MeshDecoder(dec.model, None, dec.eos_id).generate_batch(clouds, SP(), 128, opts)]
+    for mode in ("off", "on"):
+        graphs.attach(dec.model.decoder, mode)
+        graphs.attach(dec.heads, mode)
+        for batch in (1, 2):
+            got = [r.tokens for r in dec.generate_batch(clouds, SP(), 128, opts, batch_size=batch)]
+            assert got == ar, (mode, batch)
+    g = dec.model.decoder.graphs
+    steps = [graph for key, (_, graph, _) in g.graphs.items() if isinstance(key, tuple) and key[0] == "chain-ahead"]
+    assert g.eager_calls == 0 and steps and all(graph is not None for graph in steps)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_captured_mesh_prefill_has_the_eager_prefills_bits(dtype):
     """The shipped tiny mesh GPT on CUDA: each cloud's prefill as one replay (`MeshTarget.replayed_prefill`: the
     encoder in prompt mode, the conditions' K/V, the start as a decode step) against graphs off, in a batch's two rows:

@@ -308,6 +308,8 @@ class XSpecMeshOptions(Options):
     # Medusa's tree over the heads); "" = the chain of each head's argmax
     candidate_tree: str = opt("", (tree_widths_ok, "comma-separated widths, one a head, each >= 1 (e.g. 4,2,2,1)"))
     budget: str = budget_opt()  # auto: per batch size, the faster of batched AR and the heads
+    # > 1: that many chain steps a host read (lossless greedy chain; methods/xspecmesh_ahead.py): the same tokens
+    run_ahead: int = opt(1, int_in(1, 64))
 
     def __post_init__(self) -> None:
         self.validate("xspecmesh")
@@ -323,6 +325,16 @@ class XSpecMeshOptions(Options):
         if self.candidate_tree and (not self.lossless or self.min_path_prob or self.lookup):
             raise UsageError("candidate_tree needs criterion=rejection (the paper's rules judge one chain), without "
                              "min_path_prob or lookup (a chain's)")
+        if self.run_ahead > 1 and (not self.lossless or self.candidate_tree or self.min_path_prob or self.lookup
+                                   or self.budget != "fixed"):
+            raise UsageError("run_ahead (option of xspecmesh) needs criterion=rejection and the chain of every head's "
+                             "candidate (vertex_lookup allowed): no candidate_tree, min_path_prob, lookup or "
+                             "budget=auto")
+
+    def check_use(self, modality: str, greedy: bool) -> None:
+        if self.run_ahead > 1 and not greedy:
+            raise UsageError("run_ahead (option of xspecmesh) needs --temperature 0: each step's verdict is made on "
+                             "the device, by the greedy rule")
 
     @property
     def tree_widths(self) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from specgen.mesh.target import MeshTarget
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.options import XSpecMeshOptions
 from specgen.methods.text import lookup
+from specgen.methods.xspecmesh_ahead import ChainAhead
 from specgen.methods.xspecmesh_pool import DRAFT_DTYPES, Proposal, XSpecMeshPool, mesh_rule
 from specgen.models.layout import decode_layout
 from specgen.models.heads import head_logits
@@ -55,10 +56,15 @@ class MeshDecoder:
         if d_max:
             pool = XSpecMeshPool(self, target, opts, params, d_max, draft_generators, batch_size)
             target.along = pool.along  # the heads' candidates computed with each verify (read ahead), or None
-            budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \
-                if opts.budget == "auto" else FixedBudget(d_max)
-            along = pool if pool.ahead else None  # ... and read with the accept's picks
-            step, nodes = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along), pool.nodes
+            nodes = pool.nodes
+            if opts.run_ahead > 1:  # the greedy chain, its steps' verdicts made on the device
+                opts.check_use("mesh", params.greedy)
+                step = ChainAhead(pool, opts.run_ahead, opts.vertex_lookup)
+            else:
+                budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \
+                    if opts.budget == "auto" else FixedBudget(d_max)
+                along = pool if pool.ahead else None  # ... and read with the accept's picks
+                step = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along)
         batch = decode_batch(target, step, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=nodes, on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)

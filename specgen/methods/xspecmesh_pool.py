@@ -44,7 +44,8 @@ def reads_ahead(device: torch.device | str, params: SamplingParams, opts: XSpecM
     (`DraftVerify`'s `along`): the batched greedy judge reads every verify position's argmax, the x_{s*} of each
     length it may accept. Not for history heads: each position's window differs in length until it is full, so the
     positions are no one call."""
-    return params.greedy and opts.lossless and not stacked.history and torch.device(device).type in ONE_READ
+    return params.greedy and opts.lossless and not stacked.history and (
+        torch.device(device).type in ONE_READ or opts.run_ahead > 1)  # `ChainAhead` reads the heads from the device
 
 
 @dataclass(frozen=True)
