@@ -59,6 +59,9 @@ class MeshDecoder:
             nodes = pool.nodes
             if opts.run_ahead > 1:  # the greedy chain, its steps' verdicts made on the device
                 opts.check_use("mesh", params.greedy)
+                if not pool.ahead:  # history heads: each position's window differs, so they run on the host
+                    raise UsageError("run_ahead (option of xspecmesh) needs heads without a history window: the "
+                                     "device runs them on every verify position")
                 step = ChainAhead(pool, opts.run_ahead, opts.vertex_lookup)
             else:
                 budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \

@@ -145,17 +145,19 @@ class ChainAhead(PolicyBase):
         tokens and positions (state row 1 - `turn`). Device ops only; rerunning it changes nothing."""
         st = self.state
         tokens, positions, col = st.tokens[turn, :n], st.positions[turn, :n], st.nodes  # [n, S], [n, S], [S]
-        picks = ahead[..., 0].long()  # [n, S]
+        ids = ahead.long()  # [n, S, 1 + d]: the picks, then the heads' candidates (float32 holds every id exactly)
+        picks = ids[..., 0]  # [n, S]
         accepted = (tokens[:, 1:] == picks[:, :-1]).cumprod(1).sum(1)  # [n]: a, the candidates kept
         bonus = picks.gather(1, accepted[:, None])  # [n, 1]: the pick after them
         kept = col <= accepted[:, None]  # [n, S]: the root and the a kept candidates
         emit = torch.where(col < accepted[:, None], tokens.roll(-1, 1), bonus)  # [n, S]: a candidates, then the pick
+        advanced = accepted + 1  # [n]: the tokens the step emits
         st.emitted[:n, j] = emit
-        st.counts[:n, j] = accepted + 1
+        st.counts[:n, j] = advanced
         key_mask[:n].scatter_(1, st.first[:n, None] + j * self.s + col, kept)
-        heads = ahead[:, :, 1 : 1 + self.d].gather(1, accepted[:, None, None].expand(n, 1, self.d))[:, 0].long()
+        heads = ids[:, :, 1 : 1 + self.d].gather(1, accepted[:, None, None].expand(n, 1, self.d))[:, 0]  # [n, d]
         chain = self.recall(torch.cat([tokens[:, :1], emit], 1), kept, bonus[:, 0], heads) if self.vertex else heads
-        st.positions[1 - turn, :n] = positions + (accepted + 1)[:, None]
+        st.positions[1 - turn, :n] = positions + advanced[:, None]
         st.tokens[1 - turn, :n] = torch.cat([bonus, chain], 1)
         return ()
 

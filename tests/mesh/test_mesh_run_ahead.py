@@ -101,3 +101,9 @@ def test_run_ahead_refuses_sampling(shipped):
     decoder, clouds, _ = shipped
     with pytest.raises(UsageError, match="run_ahead .* needs --temperature 0"):
         decoder.generate_batch(clouds[:1], SamplingParams(1.0), 8, dataclasses.replace(CHAIN, run_ahead=2))
+
+
+def test_run_ahead_refuses_history_heads():
+    decoder = MeshDecoder(tiny_mesh_model(), tiny_heads("ca", history=2))
+    with pytest.raises(UsageError, match="run_ahead .* heads without a history window"):
+        decoder.generate_batch(procedural_clouds([11]), SamplingParams(), 8, dataclasses.replace(CHAIN, run_ahead=2))
