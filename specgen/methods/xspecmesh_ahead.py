@@ -65,7 +65,8 @@ class ChainAhead(PolicyBase):
     the tokens it emits, the vertex memory's new pairs (a block token followed by an offset: the latest kept), and the
     next chain (a known block's offset, else the heads' candidate at the accepted node), as the per-step chain's host
     makes them; where the backbone's steps are captured, so is `advance` (one replay a step). The host reads every
-    step's tokens once; the loop then commits the kept slots (`settle`'s keep)."""
+    step's tokens once; the loop then commits the kept slots (`settle`'s keep). The key mask stays in the backbone's
+    static buffers (all visible between loop steps), so its later steps in the process read one (the same bits)."""
 
     def __init__(self, pool: XSpecMeshPool, steps: int, vertex: bool) -> None:
         self.pool, self.steps, self.vertex = pool, steps, vertex
@@ -132,8 +133,9 @@ class ChainAhead(PolicyBase):
                     view.key_mask.data_ptr() != self.graphs.key_mask.data_ptr():  # no capture: its mask is the loop's
                 step(out.ahead)
             else:  # the backbone's captures read the mask (`StepGraphs.adopt_key_mask`): one replay
-                self.graphs.call(("chain-ahead", n, j, self.turn, self.s, self.steps, self.vertex), step,
-                                 {"ahead": out.ahead})
+                # keyed by what a capture bakes in: the held state of this width (`open`), the shapes, step and turn
+                key = ("chain-ahead", st.first.shape[0], self.s, self.steps, self.vertex, n, j, self.turn)
+                self.graphs.call(key, step, {"ahead": out.ahead})
             self.turn = 1 - self.turn
         view.lengths = lengths
         self.view = view
@@ -190,6 +192,8 @@ class ChainAhead(PolicyBase):
         for row, stat, budget in zip(host, stats, self.budgets):
             keep, tokens = [], []
             for j, m in enumerate(row[:k]):
+                if not 1 <= m <= s:  # a step emits its kept candidates and one pick: else the loop would never end
+                    raise RuntimeError(f"run_ahead: step {j} of a loop step emitted {m} tokens (of 1..{s})")
                 if len(tokens) <= budget and eos not in tokens:  # a step after the row's end is none of its verifies
                     stat.record(self.d, self.d, m - 1)
                 keep += range(j * s, j * s + m)

@@ -76,17 +76,19 @@ def test_run_ahead_reads_the_host_once_a_loop_step(shipped, monkeypatch):
 @pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
 def test_run_ahead_through_static_steps_decodes_ar(capture):  # noqa: F811  (the fixture)
     """The backbone's and heads' static steps (traced: as captured; `advance` a replay too, rerun by the capture's
-    warm-up and replay without effect), batch 2 over three clouds: greedy AR's tokens, every verify a replay."""
+    warm-up and replay without effect), batch 2 then 1 over three clouds: greedy AR's tokens, every verify a replay."""
     clouds = procedural_clouds(range(11, 14))
     ar = [r.tokens for r in MeshDecoder(tiny_mesh_model(), None).generate_batch(clouds, SamplingParams(), 40,
                                                                                 batch_size=2)]
     decoder = MeshDecoder(tiny_mesh_model(), tiny_heads())
     graphs.attach(decoder.model.decoder, "on", capture=capture)
     graphs.attach(decoder.heads, "on", capture=capture)
-    got = decoder.generate_batch(clouds, SamplingParams(), 40, dataclasses.replace(CHAIN, run_ahead=3),
-                                 batch_size=2)
+    for batch in (2, 1):  # another width: its own held state, and captures that write it
+        got = decoder.generate_batch(clouds, SamplingParams(), 40, dataclasses.replace(CHAIN, run_ahead=3),
+                                     batch_size=batch)
+        assert [r.tokens for r in got] == ar, batch
     g = decoder.model.decoder.graphs
-    assert [r.tokens for r in got] == ar and g.eager_calls == 0
+    assert g.eager_calls == 0
     assert any(isinstance(key, tuple) and key[0] == "chain-ahead" for key in g.graphs)  # `advance` replayed
 
 
