@@ -185,7 +185,10 @@ def mesh_case(device: str, top: int) -> None:
     for decoder, opts, name in (
             (MeshDecoder(dec.model, None, dec.eos_id), chain, "mesh AR, batch 1"),
             (dec, chain, "mesh XSpecMesh (lossless, vertex lookup), batch 1"),
-            (dec, tree, f"mesh XSpecMesh (lossless, vertex lookup, candidate tree {MESH_TREE}), batch 1")):
+            (dec, tree, f"mesh XSpecMesh (lossless, vertex lookup, candidate tree {MESH_TREE}), batch 1"),
+            # last: its key mask stays in the backbone's static buffers (methods/xspecmesh_ahead.py)
+            (dec, dataclasses.replace(chain, run_ahead=4),
+             "mesh XSpecMesh (lossless, vertex lookup, run_ahead 4), batch 1")):
         def run(decoder=decoder, opts=opts):
             results = decoder.generate_batch(clouds, SamplingParams(), 128 if device == "cuda" else 8, opts)
             return dataclasses.replace(results[0].stats, steps=sum(r.stats.steps for r in results))
