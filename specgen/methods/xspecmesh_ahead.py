@@ -19,7 +19,7 @@ from specgen.models.cache import KVCache
 
 def memory_columns(device) -> torch.Tensor:
     """[V]: the vertex memory's column of each token, its block id (`VertexMemory.block_id`: a plain or a special block
-    token's), else the trash column (blocks: what teaches and recalls nothing)."""
+    token's), else the trash column (what teaches and recalls nothing)."""
     t = torch.arange(BPT.vocab_size, device=device)
     special = (t >= BPT.special_base) & (t < BPT.eos_id)
     return torch.where(t < BPT.offset_base, t, torch.where(special, t - BPT.special_base, BPT.offset_base))
@@ -79,7 +79,6 @@ class ChainAhead(PolicyBase):
 
     def open(self, width: int, max_len: int) -> None:
         self.pool.open(width, max_len)
-        self.rows = self.pool.rows
         held = {} if self.graphs is None else self.graphs.held  # kept with the captures that read it
         key = ("chain-ahead", width, self.s, self.steps)
         self.state = held.get(key) or AheadState.allocate(width, self.s, self.steps, self.pool.target.device)
