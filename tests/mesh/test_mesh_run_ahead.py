@@ -26,7 +26,6 @@ def shipped():
     from specgen.eval.mesh_bench import benchmark_clouds
     from specgen.generate.mesh import load_mesh_model
 
-    torch.set_num_threads(1)
     loaded = load_mesh_model(heads="xspecmesh-ca-tiny", graphs="off")
     clouds = [pc for _, pc in benchmark_clouds(loaded.target.meta, 3)]
     ar = MeshDecoder(loaded.decoder.model, None, loaded.decoder.eos_id)
