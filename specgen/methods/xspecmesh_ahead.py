@@ -13,16 +13,18 @@ from specgen.decoding.target import Target
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
 from specgen.mesh.tokenizers import BPTTokenizer as BPT
+from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.xspecmesh_pool import XSpecMeshPool
 from specgen.models.cache import KVCache
 
 
-def memory_columns(device) -> torch.Tensor:
-    """[V]: the vertex memory's column of each token, its block id (`VertexMemory.block_id`: a plain or a special block
-    token's), else the trash column (what teaches and recalls nothing)."""
-    t = torch.arange(BPT.vocab_size, device=device)
-    special = (t >= BPT.special_base) & (t < BPT.eos_id)
-    return torch.where(t < BPT.offset_base, t, torch.where(special, t - BPT.special_base, BPT.offset_base))
+def token_tables(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[V] each: every token's vertex memory column (`VertexMemory.block_id`, else the trash column: what teaches and
+    recalls nothing) and whether it is an offset (`VertexMemory.is_offset`), from the host memory's own rules."""
+    host, trash = VertexMemory(), BPT.offset_base
+    column = [trash if (b := host.block_id(t)) is None else b for t in range(BPT.vocab_size)]
+    offset = [host.is_offset(t) for t in range(BPT.vocab_size)]
+    return host_tensor(column, device), host_tensor(offset, device)
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,10 @@ class AheadState:
     @classmethod
     def allocate(cls, width: int, s: int, steps: int, device) -> "AheadState":
         ints = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
-        vocab = torch.arange(BPT.vocab_size, device=device)
         return cls(ints(2, width, s), ints(2, width, s), ints(width), ints(width, steps, s), ints(width, steps),
                    torch.full((width, BPT.offset_base + 1), -1, dtype=torch.long, device=device),
-                   memory_columns(device), (vocab >= BPT.offset_base) & (vocab < BPT.special_base),
-                   torch.arange(s, device=device), torch.ones(s, s, dtype=torch.bool, device=device).triu(1))
+                   *token_tables(device), torch.arange(s, device=device),
+                   torch.ones(s, s, dtype=torch.bool, device=device).triu(1))
 
 
 class ChainAhead(PolicyBase):
