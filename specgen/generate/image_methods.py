@@ -16,6 +16,7 @@ from specgen.methods import get_method
 from specgen.methods import options as O
 from specgen.methods.adt_tree import AdtPolicy
 from specgen.methods.eagle import EagleTreeDrafter, FixedShape, TreeShape
+from specgen.methods.eagle_ahead import AheadTreeDrafter
 from specgen.methods.mulo_sd import build_mulo
 from specgen.methods.text import EmptyDrafter
 from specgen.methods.vvs import build_vvs
@@ -32,13 +33,15 @@ class ImageParts:
     grid: int
 
 
-def eagle_drafter(parts: ImageParts, policy) -> EagleTreeDrafter:
+def eagle_drafter(parts: ImageParts, policy, run_ahead: int = 1) -> EagleTreeDrafter:
     if parts.drafter_net is None:
         raise UsageError("this method needs an EAGLE drafter (--drafter NAME, or the target's shipped one)")
     # the committed pairs (at most the context) and one growth's levels: the largest tree's (at least 512 slots, the
     # headroom it always had: a captured growth pads its levels to node buckets)
-    return EagleTreeDrafter(parts.drafter_net, parts.model.output, policy, guidance=parts.target.cfg_scale,
-                            max_len=parts.model.rope_table.shape[0] + max(512, policy.largest.level_slots))
+    # run_ahead > 1: that many tree steps a host read (methods/eagle_ahead.py)
+    kind, extra = (EagleTreeDrafter, {}) if run_ahead == 1 else (AheadTreeDrafter, {"run_ahead": run_ahead})
+    return kind(parts.drafter_net, parts.model.output, policy, guidance=parts.target.cfg_scale,
+                max_len=parts.model.rope_table.shape[0] + max(512, policy.largest.level_slots), **extra)
 
 
 def fixed(o: O.TreeShapeOptions) -> FixedShape:
@@ -70,10 +73,10 @@ def build_image_method(name: str, parts: ImageParts, options: dict | O.Options):
 
 BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every method that runs on images, by name
     "ar": lambda p, o: (EmptyDrafter(o.run_ahead), None),
-    "eagle2": lambda p, o: (eagle_drafter(p, fixed(o)), None),
-    "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o)), None),
-    "lantern": lambda p, o: (eagle_drafter(p, fixed(o)), lantern_rule(p, o)),
-    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
+    "eagle2": lambda p, o: (eagle_drafter(p, fixed(o), o.run_ahead), None),
+    "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o), o.run_ahead), None),
+    "lantern": lambda p, o: (eagle_drafter(p, fixed(o), o.run_ahead), lantern_rule(p, o)),
+    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o), o.run_ahead), lantern_rule(p, o)),
     "vvs": lambda p, o: (build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)),
     "mulo-sd": mulo_sd,
 }

@@ -192,11 +192,36 @@ class TreeShapeOptions(Options):
     total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)
 
 
+def check_ahead(run_ahead: int, budget: str, greedy: bool | None = None) -> None:
+    """EAGLE-2's and ADT-Tree's `run_ahead` > 1 (that many tree steps a host read, lossless greedy:
+    methods/eagle_ahead.py) grows a loop step's trees on the device: a fixed budget, temperature 0."""
+    if run_ahead > 1 and budget != "fixed":
+        raise UsageError("run_ahead (option of eagle2, adt-tree) needs budget=fixed: a loop step's trees are grown on "
+                         "the device")
+    if run_ahead > 1 and greedy is False:
+        raise UsageError("run_ahead (option of eagle2, adt-tree) needs --temperature 0: each step's verdict is made "
+                         "on the device, by the greedy rule")
+
+
+def lossless_ahead(run_ahead: int, method: str) -> None:
+    """A relaxed rule's trees take no `run_ahead`: a loop step's verdicts are the greedy rule's, made on the device."""
+    if run_ahead > 1:
+        raise UsageError(f"run_ahead (option of eagle2, adt-tree) needs the lossless greedy rule: {method}'s relaxed "
+                         "acceptance is judged on the host")
+
+
 @dataclass(frozen=True)
 class TreeOptions(TreeShapeOptions):
-    """EAGLE-2 (`eagle2`): its tree shape, and the loop's draft budget."""
+    """EAGLE-2 (`eagle2`): its tree shape, the loop's draft budget, and `run_ahead` (`check_ahead`)."""
 
     budget: str = budget_opt()
+    run_ahead: int = opt(1, int_in(1, 64))
+
+    def check(self) -> None:
+        check_ahead(self.run_ahead, self.budget)
+
+    def check_use(self, modality: str, greedy: bool) -> None:
+        check_ahead(self.run_ahead, self.budget, greedy)
 
 
 @dataclass(frozen=True)
@@ -211,6 +236,9 @@ class LanternOptions(Options):
 @dataclass(frozen=True)
 class LanternTreeOptions(LanternOptions, TreeOptions):
     """EAGLE-2 trees with LANTERN relaxed acceptance (`lantern`)."""
+
+    def check(self) -> None:
+        lossless_ahead(self.run_ahead, "lantern")
 
 
 @dataclass(frozen=True)
@@ -232,9 +260,15 @@ class AdtOptions(Options):
     budget: str = budget_opt()
     init: str = opt("horizontal", one_of("horizontal", "vertical", "random"))  # first row/column start of an image
     seed: int = opt(0, SEED)
+    run_ahead: int = opt(1, int_in(1, 64))  # `check_ahead`
+
+    def check_use(self, modality: str, greedy: bool) -> None:
+        check_ahead(self.run_ahead, self.budget, greedy)
 
     def check(self) -> None:
-        """The depth and width bounds leave room to adapt, and the first tree lies strictly inside them."""
+        """The depth and width bounds leave room to adapt, and the first tree lies strictly inside them; `run_ahead`'s
+        budget (`check_ahead`)."""
+        check_ahead(self.run_ahead, self.budget)
         if not (self.d_max - self.d_min >= 2 and self.k_max - self.k_min >= 2):
             raise UsageError("adt-tree bounds must leave room to adapt: d_max - d_min >= 2 and k_max - k_min >= 2, "
                              f"got d_min {self.d_min}, d_max {self.d_max}, k_min {self.k_min}, k_max {self.k_max}")
@@ -249,6 +283,10 @@ class AdtOptions(Options):
 @dataclass(frozen=True)
 class AdtLanternOptions(LanternOptions, AdtOptions):
     """ADT-Tree trees with LANTERN relaxed acceptance (`adt-tree+lantern`)."""
+
+    def check(self) -> None:
+        lossless_ahead(self.run_ahead, "adt-tree+lantern")
+        super().check()
 
 
 @dataclass(frozen=True)

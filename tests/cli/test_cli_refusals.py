@@ -252,6 +252,9 @@ def test_an_empty_method_or_suite_is_an_unknown_name(tiny, args, needle):
     ([*IMG, "--cfg-scale", "0"], "cfg_scale must be > 0, got 0"),
     ([*IMG, "--cfg-scale", "51"], "cfg_scale must be at most 50, got 51"),  # was refused after the model loaded
     ([*IMG, "--method", "eagle2", "method_options.depth=0"], "depth"),
+    ([*IMG, "--method", "eagle2", "--temperature", "0", "method_options.run_ahead=2"],  # the CPU's steps are eager
+     "run_ahead (option of eagle2, adt-tree) needs captured steps on the drafter and the target"),
+    ([*IMG, "--method", "adt-tree+lantern", "method_options.run_ahead=2"], "needs the lossless greedy rule"),
     (["benchmark", "--suite", "meshes", "deltas=[0.5,2]"], "deltas must be in [0, 1]"),
     (["benchmark", "--suite", "meshes", "delta=nan"], "delta must be a finite number"),
     (["benchmark", "--suite", "images", "temperatures=[]"], "temperatures must not be empty"),
