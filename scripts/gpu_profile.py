@@ -155,10 +155,11 @@ def image_case(device: str, top: int) -> None:
     im = load_image_model("tiny-image-gpt", device=device)
     for model in (im.model, im.drafter_net):
         graphs.attach(model, "on", capture=captures(device))
-    for method, name in (("ar", "image AR, batch 1"), ("adt-tree", "image ADT-Tree, batch 1"),
-                         ("eagle2", "image EAGLE-2, batch 1")):
+    for method, name, ahead in (("ar", "image AR, batch 1", 1), ("adt-tree", "image ADT-Tree, batch 1", 1),
+                                ("eagle2", "image EAGLE-2, batch 1", 1),
+                                ("eagle2", "image EAGLE-2 (run_ahead 4), batch 1", 4)):  # 4 tree steps a host read
         cfg = ImageGenConfig(method=method, num=2 if device == "cuda" else 1, temperature=0.0, device=device,
-                             batch_size=1)
+                             batch_size=1, method_options={"run_ahead": ahead} if ahead > 1 else {})
 
         def run(cfg=cfg):
             samples, _ = generate_images(im, parse_request(cfg, "image"))

@@ -11,7 +11,7 @@ Two kinds are counted for each case (a method, a batch size, a temperature), per
 
 An accept rule must read something of the verify logits on the host (greedy: the argmax of every row; rejection
 sampling: the probabilities along the draft), so the floor for a lossless method is one implicit sync a step (`ar`
-run_ahead K: one per K greedy steps, which its step is).
+run_ahead K, and the trees' and the mesh chain's: one per K greedy steps, which their step is).
 A host-to-device copy of a plain host tensor also waits (pageable memory); the loop's go through
 `devices.host_tensor` / `to_device` (non-blocking). Run on a CUDA machine: `python scripts/gpu_sync_count.py`
 (logs: docs/logs/gpu/).
@@ -272,7 +272,7 @@ def ms_per_step(run, device: str, rounds: int = 3) -> tuple[float, float | None]
             t0 = devices.now(device)
             stats = run()
             walls.append(1e3 * (devices.now(device) - t0) / max(stats.steps, 1))
-        hosts.append(1e3 * span["s"] / max(span["steps"], 1))
+        hosts.append(1e3 * span["s"] / max(stats.steps, span["steps"], 1))  # a decode step's (run_ahead: K a loop step)
     mid = rounds // 2
     return sorted(walls)[mid], None if "cuda" in device else sorted(hosts)[mid]
 
@@ -333,9 +333,9 @@ def image_cases(device: str) -> dict:
     im = load_image_model("tiny-image-gpt", device=device)
     capture(im.model, im.drafter_net)
 
-    def run(method: str, b: int, temperature: float):  # the trees a GPU grows: its option defaults on any device
+    def run(method: str, b: int, temperature: float, ahead: int = 1):  # the trees a GPU grows: its option defaults
         cfg = ImageGenConfig(method=method, num=b, temperature=temperature, batch_size=b, device=device,
-                             method_options=gpu_defaults(get_method(method).options_type))
+                             method_options=gpu_defaults(get_method(method).options_type) | {"run_ahead": ahead})
 
         def go():
             samples, _ = generate_images(im, parse_request(cfg, "image"))
@@ -345,7 +345,9 @@ def image_cases(device: str) -> dict:
 
     return {"image ar B1 T0": run("ar", 1, 0.0), "image adt-tree B1 T0": run("adt-tree", 1, 0.0),
             "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T0": run("eagle2", 1, 0.0),
-            "image eagle2 B1 T1": run("eagle2", 1, 1.0)}  # T 0: issue 46's goal rows; T 1: sampling's reads
+            "image eagle2 B1 T1": run("eagle2", 1, 1.0),  # T 0: issue 46's goal rows; T 1: sampling's reads
+            "image adt-tree run_ahead 4 B1 T0": run("adt-tree", 1, 0.0, 4),  # a host read each 4 tree steps
+            "image eagle2 run_ahead 4 B1 T0": run("eagle2", 1, 0.0, 4)}
 
 
 VIEWS = frozenset({"view", "_unsafe_view", "view_as", "slice", "transpose", "expand", "expand_as", "unsqueeze",

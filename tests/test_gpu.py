@@ -309,6 +309,34 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
     assert grows and all(graph is not None for graph in grows)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_image_trees_run_ahead_decode_what_eager_ar_decodes(dtype):
+    """EAGLE-2 and ADT-Tree with 4 tree steps a host read (`run_ahead`: each step's catch-up, growth, verdict and next
+    pairs on the device, its rejected nodes hidden by the key mask until the read) on CUDA, a GPU's option defaults:
+    graphs-off AR's images at batch 1 and 2, every drafter step and `advance` captured (no host sync inside)."""
+    from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
+    from specgen.methods import get_method
+    from specgen.methods.options import gpu_defaults
+    from specgen.models import graphs
+    from specgen.request import parse_request
+
+    def images(method, batch, **options):
+        cfg = ImageGenConfig(method=method, num=3, temperature=0.0, device="cuda", batch_size=batch,
+                             method_options=gpu_defaults(get_method(method).options_type) | options)
+        return [s.tokens for s in generate_images(im, parse_request(cfg, "image"))[0]]
+
+    im = load_image_model("tiny-image-gpt", device="cuda", graphs="off", dtype=dtype)
+    ar = images("ar", 1)
+    graphs.attach(im.model, "on")
+    graphs.attach(im.drafter_net, "on")
+    for method in ("eagle2", "adt-tree"):
+        for batch in (1, 2):
+            assert images(method, batch, run_ahead=4) == ar, (method, batch)
+    for g in (im.model.graphs, im.drafter_net.graphs):
+        steps = [graph for key, (_, graph, _) in g.graphs.items() if isinstance(key, tuple) and key[0] == "tree-ahead"]
+        assert steps and all(graph is not None for graph in steps)
+
+
 def test_captured_xspecmesh_heads_decode_what_eager_ar_decodes():
     """The shipped tiny mesh GPT + heads on CUDA, float32, T 0: lossless XSpecMesh with the backbone's steps and the
     heads' step replayed from graphs equals graphs-off AR, its heads' chain and `gpu_graphs.py`'s goal row (vertex

@@ -354,9 +354,9 @@ def eager_ops_a_step(gpu_sync_count, run) -> tuple[float, dict, dict]:
     return counter.ops / steps, by_op["eager"], by_op["graph"]
 
 
-def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict, dict]:
-    """Eager ops a decode step and graph kernels (`eager_ops_a_step`) of lossless ADT-Tree on a tiny CFG image model at
-    `batch` sequences."""
+def tree_step_ops(monkeypatch, batch: int, options: dict | None = None) -> tuple[float, dict, dict]:
+    """Eager ops a decode step and graph kernels (`eager_ops_a_step`) of lossless ADT-Tree (its `options`) on a tiny
+    CFG image model at `batch` sequences."""
     from specgen.decoding.sampling import SamplingParams
     from specgen.generate.image_methods import ImageParts, build_image_method
     from specgen.image.target import CFGTarget
@@ -372,7 +372,7 @@ def tree_step_ops(monkeypatch, batch: int) -> tuple[float, dict, dict]:
     parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
 
     def run():
-        got = run_batch(parts.target, lambda i: build_image_method("adt-tree", parts, {})[0],
+        got = run_batch(parts.target, lambda i: build_image_method("adt-tree", parts, options or {})[0],
                         [[i] for i in range(batch)], 16, SamplingParams(), batch_size=batch)
         return max(r.stats.steps for r in got.results)
 
@@ -446,6 +446,17 @@ def test_a_tiny_tree_steps_real_launches_stay_within_budget(monkeypatch):
     and 2 since the catch-up and the growth share a replay)."""
     found = launches(tree_step_ops(monkeypatch, 1)[1])
     assert found["specgen/devices.py", "copy_.default"] <= 2 and sum(found.values()) <= 11, found
+
+
+def test_a_run_ahead_tree_steps_real_launches_stay_within_budget(monkeypatch):
+    """ADT-Tree with 4 tree steps a host read (`run_ahead`): a tree step's launches outside its three replays (the
+    drafter's, the verify's, `advance`'s) are the verify's staging (its tokens, positions, tree and meta) and two
+    clones and `advance`'s two input copies (the verify's outputs; the growth's tokens and mask reach it through the
+    state, written inside the drafter's replay: 14.1 where they were its inputs too), and the loop step's read,
+    commit and staging, shared by its steps (about 2 here: a 16-token budget cuts the steps). 12.1 a tree step when
+    written (the per-step tree's 10.3)."""
+    found = launches(tree_step_ops(monkeypatch, 1, {"run_ahead": 4})[1])
+    assert sum(found.values()) <= 12.5, found
 
 
 @pytest.mark.slow

@@ -40,24 +40,29 @@ class TreeState:
     warm-up and replay do, changes nothing): the drafter's pending pairs (f_p, x_{p+1}), their features
     [2, C br, M, D] and tokens [2, C, M], and per row [2, 3, C] their count m, the first one's position and the
     drafter's committed slots (the root is the last pair's token, at the last pair's position); each row's first
-    target slot of the loop step [C] and tree shape ints [3, C] (top-k, depth, kept nodes); each step's emitted
-    tokens and kept nodes [C, K, M] and emitted counts [C, K]."""
+    target slot of the loop step [C] and tree shape ints [3, C] (top-k, depth, kept nodes); the last growth's verify
+    tokens [C, N] and tree mask [C, N, N] (N: the most nodes a step verifies, its root's included; `advance` reads
+    them); each step's emitted tokens and kept nodes [C, K, M] and emitted counts [C, K]."""
 
     features: torch.Tensor
     tokens: torch.Tensor
     ints: torch.Tensor
     first: torch.Tensor
     shape: torch.Tensor
+    tree_tokens: torch.Tensor
+    tree_mask: torch.Tensor
     emitted: torch.Tensor
     path: torch.Tensor
     counts: torch.Tensor
 
     @classmethod
-    def allocate(cls, width: int, branches: int, m: int, dim: int, steps: int, dtype, device) -> "TreeState":
+    def allocate(cls, width: int, branches: int, m: int, nodes: int, dim: int, steps: int, dtype,
+                 device) -> "TreeState":
         ints = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
         return cls(torch.zeros(2, width * branches, m, dim, dtype=dtype, device=device), ints(2, width, m),
-                   ints(2, 3, width), ints(width), ints(3, width), ints(width, steps, m), ints(width, steps, m),
-                   ints(width, steps))
+                   ints(2, 3, width), ints(width), ints(3, width), ints(width, nodes),
+                   torch.zeros(width, nodes, nodes, dtype=torch.bool, device=device), ints(width, steps, m),
+                   ints(width, steps, m), ints(width, steps))
 
 
 class TreeAhead(PolicyBase):
@@ -82,7 +87,8 @@ class TreeAhead(PolicyBase):
                              "target: --graphs on or auto, on a CUDA device")
         largest = first.policy.largest
         self.m = largest.depth + 1  # a step's pending pairs: the root and at most `depth` accepted nodes
-        self.max_feed = steps * (1 + largest.total_tokens)  # a loop step's nodes past the committed ones
+        self.nodes = 1 + largest.total_tokens  # the most nodes a step verifies
+        self.max_feed = steps * self.nodes  # a loop step's nodes past the committed ones
         self.chunk = steps
         self.turn = 0
         self.state: TreeState | None = None
@@ -99,9 +105,10 @@ class TreeAhead(PolicyBase):
             graphs = self.net_graphs
             # kept with the captures that read it: the drafter's and the target's (either's reset keeps it for the
             # other's captures; the state's identity keys them)
-            key = ("tree-ahead", self.width, pool.br, self.m, self.steps)
+            key = ("tree-ahead", self.width, pool.br, self.m, self.nodes, self.steps)
             self.state = graphs.held.get(key) or self.target_graphs.held.get(key) or TreeState.allocate(
-                self.width, pool.br, self.m, pool.net.cfg.dim, self.steps, pool.net.fc.weight.dtype, graphs.device)
+                self.width, pool.br, self.m, self.nodes, pool.net.cfg.dim, self.steps, pool.net.fc.weight.dtype,
+                graphs.device)
             graphs.held[key] = self.target_graphs.held[key] = self.state
             self.held = (*key[1:], id(self.state))
         self.prompt_lengths[slot] = len(prompt)
@@ -174,8 +181,7 @@ class TreeAhead(PolicyBase):
             view.lengths = [m + j * s for m in lengths]
             tokens, positions, mask = (x[:, :s] if x.dim() == 2 else x[:, :s, :s] for x in grown[2:])
             out = target.forward(tokens, positions, view, mask)
-            inputs = {"logits": out.logits, "features": out.features, "tree": grown[0][:, : s - 1],
-                      "parents": grown[1][:, : s - 1]}
+            inputs = {"logits": out.logits, "features": out.features}
             step = lambda turn=self.turn, j=j, mask=view.key_mask, **x: self.advance(turn, j, n, s, mask, **x)  # noqa
             tg = self.target_graphs
             if tg.key_mask is None or view.key_mask.data_ptr() != tg.key_mask.data_ptr():  # its mask is the loop's
@@ -195,8 +201,14 @@ class TreeAhead(PolicyBase):
         graphs, rows, m_cols = self.net_graphs, n * br, self.m
         m, start, prefix = st.ints[turn, :, :n]  # [n] each
         on = st.ints.device
+        # a loop step's steps stay inside `width` (`forward`); a replay after the run (a profile's) may not: clamped,
+        # its writes and reads stay inside the slots it reads (no kernel reads past a buffer)
+        prefix = prefix.clamp(max=width - m_cols - sum(self.plan_.widths[1:]))
         cols = torch.arange(m_cols, device=on)
-        positions = start[:, None] + torch.minimum(cols, (m - 1)[:, None])  # [n, M]: padding pairs at the last's
+        # [n, M]: padding pairs at the last's; inside the RoPE table: a loop step's trees are (`plan`), a replay after
+        # the run may start past its end (a last step's tokens past the budget)
+        end = pool.net.rope_table.shape[0] - 1
+        positions = (start[:, None] + torch.minimum(cols, (m - 1)[:, None])).clamp(max=end)
         x = StaticInputs(branch_rows(st.tokens[turn, :n], br), branch_rows(positions, br),
                          torch.stack([branch_rows(prefix, br), torch.arange(rows, device=on)]),
                          torch.ones(m_cols, m_cols, dtype=torch.bool, device=on).tril().expand(rows, -1, -1),
@@ -206,35 +218,37 @@ class TreeAhead(PolicyBase):
         roots = hidden.gather(1, last[:, None, None].expand(rows, 1, hidden.shape[-1]))  # [rows, 1, D]
         root = st.tokens[turn, :n].gather(1, (m - 1)[:, None])[:, 0]  # [n]: the last pair's token
         k, depth, counts = st.shape[:, :n]
-        ints = torch.stack([start + m - 1, k, depth, counts, prefix + m, root])  # [6, n]: `grow`'s
+        at = torch.minimum(start + m - 1, end - depth)  # [n]: the root's position (a loop step's: its own)
+        ints = torch.stack([at, k, depth, counts, prefix + m, root])  # [6, n]: `grow`'s
         st.ints[1 - turn, 2, :n] = prefix + m
-        return static_growth(pool.net, pool.children, (graphs.k, graphs.v), self.plan_, br, width, roots, ints,
-                             torch.arange(rows, device=on))
+        grown = static_growth(pool.net, pool.children, (graphs.k, graphs.v), self.plan_, br, width, roots, ints,
+                              torch.arange(rows, device=on))
+        s = grown[2].shape[1]  # the growth's verify width (its kept nodes' and the root)
+        st.tree_tokens[:n, :s] = grown[2]  # for `advance`: inside this replay, no launch of its own
+        st.tree_mask[:n, :s, :s] = grown[4]
+        return grown
 
     def advance(self, turn: int, j: int, n: int, s: int, key_mask: torch.Tensor, logits: torch.Tensor,
-                features: torch.Tensor, tree: torch.Tensor, parents: torch.Tensor) -> tuple:
-        """Step 3 over rows [0, n): from the verify's logits [n, S, V] and features [n br, S, D] and the tree's tokens
-        and parents [n, S - 1] (node i + 1's; a parent -1 is the root), the verdict, the tokens emitted, the nodes
-        hidden and the next pending pairs (state row 1 - `turn`). Device ops only; rerunning it changes nothing."""
+                features: torch.Tensor) -> tuple:
+        """Step 3 over rows [0, n): from the verify's logits [n, S, V] and features [n br, S, D] and the growth's
+        tokens [n, S] and tree mask [n, S, S] (each node's ancestors, the root among them, and itself:
+        `tree_inputs`), the verdict, the tokens emitted, the nodes hidden and the next pending pairs (state row
+        1 - `turn`). Device ops only; rerunning it changes nothing."""
         st, br, mc = self.state, self.pool.br, self.m
-        on = tree.device
+        tokens, seen = st.tree_tokens[:n, :s], st.tree_mask[:n, :s, :s]  # [n, S], [n, S, S]
+        on = tokens.device
         picks = logits.argmax(-1)  # [n, S]
-        parent = parents + 1  # [n, S - 1]: node indices (0: the root; padding nodes hang there too)
-        real = torch.arange(s - 1, device=on) < st.shape[2, :n, None]  # [n, S - 1]: the row's kept nodes
-        match = real & (tree == picks.gather(1, parent))  # [n, S - 1]: the node is its parent's pick
-        on_path = torch.ones(n, s, dtype=torch.bool, device=on)
-        depth = torch.zeros(n, s, dtype=torch.long, device=on)
-        for _ in range(mc - 1):  # a node on the path: its parent's there and it matches (parents come first)
-            on_path[:, 1:] = match & on_path.gather(1, parent)
-            depth[:, 1:] = depth.gather(1, parent) + 1
+        depth = seen.sum(2) - 1  # [n, S]: a padding node sees itself alone (depth 0, as the root)
+        parent = (seen & (depth[:, None, :] == depth[:, :, None] - 1)).int().argmax(2)  # [n, S]: the root's 0
+        real = torch.arange(s, device=on) <= st.shape[2, :n, None]  # [n, S]: the root and the row's kept nodes
+        match = real & ((tokens == picks.gather(1, parent)) | (depth == 0))  # [n, S]: its parent's pick, or the root
+        on_path = ~(seen & ~match[:, None, :]).any(2)  # [n, S]: itself and every ancestor matched
         levels = torch.arange(mc, device=on)
         at = on_path[:, None, :] & (depth[:, None, :] == levels[None, :, None])  # [n, M, S]: the path node at depth d
         path = at.int().argmax(2)  # [n, M]: its node (0 past the path's end)
-        accepted = on_path[:, 1:].sum(1)  # [n]: a
-        deepest = path.gather(1, accepted[:, None])  # [n, 1]
-        bonus = picks.gather(1, deepest)  # [n, 1]: the pick after the path
-        toks = torch.cat([tree.new_zeros(n, 1), tree], 1)  # [n, S]: node i's token at i (the root's a placeholder)
-        after = toks.gather(1, torch.cat([path[:, 1:], path[:, :1]], 1))  # [n, M]: the node after depth d's
+        accepted = on_path.sum(1) - 1  # [n]: a
+        bonus = picks.gather(1, path.gather(1, accepted[:, None]))  # [n, 1]: the pick at the path's last node
+        after = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], 1))  # [n, M]: the node after depth d's
         emit = torch.where(levels < accepted[:, None], after, bonus)  # [n, M]: a path tokens, then the pick
         st.emitted[:n, j] = emit
         st.path[:n, j] = path
