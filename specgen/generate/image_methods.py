@@ -39,6 +39,9 @@ def eagle_drafter(parts: ImageParts, policy, run_ahead: int = 1) -> EagleTreeDra
     # the committed pairs (at most the context) and one growth's levels: the largest tree's (at least 512 slots, the
     # headroom it always had: a captured growth pads its levels to node buckets)
     # run_ahead > 1: that many tree steps a host read (methods/eagle_ahead.py)
+    if run_ahead > 1 and parts.model.cfg.cond_kind == "caption":
+        raise UsageError("run_ahead (option of eagle2, adt-tree) needs a class-conditional (c2i) target: its steps "
+                         "hide rejected nodes with the key mask that hides a caption's padding")
     kind, extra = (EagleTreeDrafter, {}) if run_ahead == 1 else (AheadTreeDrafter, {"run_ahead": run_ahead})
     return kind(parts.drafter_net, parts.model.output, policy, guidance=parts.target.cfg_scale,
                 max_len=parts.model.rope_table.shape[0] + max(512, policy.largest.level_slots), **extra)

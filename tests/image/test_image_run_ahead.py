@@ -129,3 +129,15 @@ def test_run_ahead_refuses_what_is_not_lossless_greedy_on_captured_steps(shipped
     eager = ImageParts(tiny_image_target(0), CFGTarget(tiny_image_target(0), 3.0), parts.drafter_net, None, 4)
     with pytest.raises(UsageError, match="run_ahead .* needs captured steps"):
         decode(eager, "eagle2", {"run_ahead": 2}, 1, 4)
+
+
+def test_run_ahead_refuses_a_caption_target():
+    """A t2i target's key mask hides its captions' padding: run_ahead's hidden nodes would share it, so it is refused
+    in one line before any decode."""
+    from specgen.models.eagle import EagleNet
+    from tests.image.test_t2i_generate import tiny_t2i_gpt
+
+    model = tiny_t2i_gpt()
+    parts = ImageParts(model, None, EagleNet.from_target(model), None, 4)
+    with pytest.raises(UsageError, match="run_ahead .* needs a class-conditional"):
+        build_image_method("eagle2", parts, {"run_ahead": 2})
