@@ -6,6 +6,7 @@ import functools
 import gc
 import os
 import shutil
+import traceback
 
 import pytest
 import torch
@@ -183,3 +184,27 @@ def method_drafter(name: str, seed: int = 0, gpu: bool = False, **options):
     with its GPU defaults)."""
     spec = METHODS[name]
     return spec.drafter(spec.parse_options(options, gpu=gpu), seed)
+
+
+def host_reads_inside(monkeypatch, policy: type) -> tuple[list[str], list[int]]:
+    """(reads, calls), filled as the caller decodes: the host reads of tensor values made inside `policy.forward` (a
+    run_ahead loop step's steps; the CPU's RoPE bound check aside: on a GPU an assert queued on the device), by the
+    reading function, and one entry a call of it."""
+    reads: list[str] = []
+    calls: list[int] = []
+    forward = policy.forward
+    module = forward.__code__.co_filename
+
+    def counted(real):
+        def read(*a, **k):
+            stack = traceback.extract_stack()
+            if any(f.name == "forward" and f.filename == module for f in stack) and \
+                    all(f.name != "forward_rotation" for f in stack):
+                reads.append(stack[-2].name)
+            return real(*a, **k)
+        return read
+
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "cpu", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
+    monkeypatch.setattr(policy, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    return reads, calls

@@ -3,8 +3,6 @@ the device, over the drafter's and target's static (or traced: as captured) step
 
 from __future__ import annotations
 
-import traceback
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from specgen.methods import get_method, run_batch
 from specgen.methods.eagle_ahead import TreeAhead
 from specgen.methods.text import EmptyDrafter
 from specgen.models import graphs
+from tests.conftest import host_reads_inside
 from tests.image_fixtures import tiny_image_target
 from tests.models.test_graphs import capture  # noqa: F401  (fixture: static steps uncaptured, or traced)
 
@@ -78,21 +77,7 @@ def test_run_ahead_near_the_budget_cuts_the_trees_and_stays_ar(shipped):
 def test_run_ahead_reads_the_host_once_a_loop_step(shipped, monkeypatch):
     """No host read inside a loop step's tree steps; the loop step's one read is `settle`'s."""
     parts, ar = shipped
-    reads: list[str] = []
-
-    def counted(real):
-        def read(*a, **k):
-            stack = traceback.extract_stack()
-            if any(f.name == "forward" and f.filename.endswith("eagle_ahead.py") for f in stack):
-                reads.append(stack[-2].name)
-            return real(*a, **k)
-        return read
-
-    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "cpu", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
-    calls = []
-    forward = TreeAhead.forward
-    monkeypatch.setattr(TreeAhead, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    reads, calls = host_reads_inside(monkeypatch, TreeAhead)
     got = decode(parts, "eagle2", {"run_ahead": 4}, 1)
     assert [r.tokens for r in got] == ar and len(calls) > 5 and reads == []
 

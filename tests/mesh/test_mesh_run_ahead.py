@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import traceback
 
 import pytest
-import torch
 
 from specgen.decoding.sampling import SamplingParams
 from specgen.errors import UsageError
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
 from specgen.methods.xspecmesh_ahead import ChainAhead
 from specgen.models import graphs
+from tests.conftest import host_reads_inside
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 from tests.models.test_graphs import capture  # noqa: F401  (fixture: static steps uncaptured, or traced)
 
@@ -52,22 +51,7 @@ def test_run_ahead_reads_the_host_once_a_loop_step(shipped, monkeypatch):
     """No host read inside a loop step's verify steps (the CPU's RoPE bound check aside: on a GPU an assert queued on
     the device); the loop step's one read is `settle`'s."""
     decoder, clouds, ar = shipped
-    reads: list[str] = []
-    forward = ChainAhead.forward
-
-    def counted(real):
-        def read(*a, **k):
-            stack = traceback.extract_stack()
-            if any(f.name == "forward" and f.filename.endswith("xspecmesh_ahead.py") for f in stack) and \
-                    all(f.name != "forward_rotation" for f in stack):
-                reads.append(stack[-2].name)
-            return real(*a, **k)
-        return read
-
-    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "cpu", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
-    calls = []
-    monkeypatch.setattr(ChainAhead, "forward", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    reads, calls = host_reads_inside(monkeypatch, ChainAhead)
     got = decoder.generate_batch(clouds[:1], SamplingParams(), 512, dataclasses.replace(CHAIN, run_ahead=4))
     assert got[0].tokens == ar[0] and len(calls) > 5 and reads == []
 
