@@ -74,7 +74,8 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
     assert [c.split(":")[0] for c in cases] == [
         "text AR, batch 1", "text AR, batch 16",
         "text pcllm-mr n 4 + lookup 16, batch 1", "image AR, batch 1", "image ADT-Tree, batch 1",
-        "image EAGLE-2, batch 1", "mesh AR, batch 1", "mesh XSpecMesh (lossless, vertex lookup), batch 1",
+        "image EAGLE-2, batch 1", "image EAGLE-2 (run_ahead 4), batch 1", "mesh AR, batch 1",
+        "mesh XSpecMesh (lossless, vertex lookup), batch 1",
         "mesh XSpecMesh (lossless, vertex lookup, candidate tree 9,2,1,1), batch 1",
         "mesh XSpecMesh (lossless, vertex lookup, run_ahead 4), batch 1",
         "mesh AR's prefill, a step = a mesh", "mesh XSpecMesh's prefill, a step = a mesh"]

@@ -78,8 +78,8 @@ BUILDERS: dict[str, Callable[[ImageParts, Any], tuple[Any, Any]]] = {  # every m
     "ar": lambda p, o: (EmptyDrafter(o.run_ahead), None),
     "eagle2": lambda p, o: (eagle_drafter(p, fixed(o), o.run_ahead), None),
     "adt-tree": lambda p, o: (eagle_drafter(p, adt(p, o), o.run_ahead), None),
-    "lantern": lambda p, o: (eagle_drafter(p, fixed(o), o.run_ahead), lantern_rule(p, o)),
-    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o), o.run_ahead), lantern_rule(p, o)),
+    "lantern": lambda p, o: (eagle_drafter(p, fixed(o)), lantern_rule(p, o)),  # no run_ahead: options.lossless_ahead
+    "adt-tree+lantern": lambda p, o: (eagle_drafter(p, adt(p, o)), lantern_rule(p, o)),
     "vvs": lambda p, o: (build_vvs(eagle_drafter(p, fixed(o)), p.codebook, o), lantern_rule(p, o)),
     "mulo-sd": mulo_sd,
 }

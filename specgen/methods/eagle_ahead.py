@@ -9,12 +9,12 @@ from typing import Callable
 import torch
 
 from specgen.decoding.draft import Draft
+from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
 from specgen.errors import UsageError
-from specgen.decoding.draft_verify import judge
 from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, kept_counts, static_growth
 from specgen.models.cache import KVCache
@@ -281,7 +281,7 @@ class TreeAhead(PolicyBase):
                     raise RuntimeError(f"run_ahead: step {j} of a loop step emitted {c} tokens (of 1..{mc})")
                 if len(tokens) <= budget:  # a step after the row's end is none of its verifies
                     stat.record(self.counts[i], shape.depth, c - 1)
-                    stat.drafter_forwards += max(shape.depth, 1)  # the catch-up, then one forward a level after the first
+                    stat.drafter_forwards += max(shape.depth, 1)  # the catch-up, then a forward a later level
                     if d.last_shape is not None:
                         d.policy.observe(d.last_index + len(tokens), d.last_shape, c - 1, c)
                 base = k + j * mc
