@@ -17,6 +17,7 @@ from specgen.devices import host_tensor
 from specgen.errors import UsageError
 from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, kept_counts, static_growth
+from specgen.methods.options import check_ahead
 from specgen.models.cache import KVCache
 from specgen.models.static_step import StaticInputs, eagle_step
 
@@ -116,9 +117,7 @@ class TreeAhead(PolicyBase):
     def start(self, slot: int, first: TargetOut, params, generator, stats) -> list[int]:
         """The first token from the prefill (`PolicyBase.start`), and the row's first pending pair: (f of the
         prompt's last position, that token) at the token's position, none of the drafter's slots committed."""
-        if not params.greedy:
-            raise UsageError("run_ahead (option of eagle2, adt-tree) needs --temperature 0: each step's verdict is "
-                             "made on the device, by the greedy rule")
+        check_ahead(self.steps, "fixed", params.greedy)  # the options' rule, for callers that skip their check
         tokens = super().start(slot, first, params, generator, stats)
         st, br, t = self.state, self.pool.br, self.turn
         st.features[t, slot * br : (slot + 1) * br, 0] = first.features[:, -1]  # [br, D]: the prompt's last f
@@ -167,11 +166,10 @@ class TreeAhead(PolicyBase):
         view = cache.rows(0, n * br)
         lengths = list(view.lengths)
         st.first[:n].copy_(host_tensor(lengths[::br], st.first.device))
-        drafter = pool.cache.rows(0, n * br)
         graphs = self.net_graphs
         # the drafter slots a loop step reaches: every step's M pairs and the last one's levels
-        slots = max(drafter.lengths) + self.chunk * self.m + sum(self.plan_.widths[1:])
-        if slots > graphs.k.shape[3] or drafter.k.data_ptr() != graphs.k.data_ptr():
+        slots = max(pool.cache.lengths[: n * br]) + self.chunk * self.m + sum(self.plan_.widths[1:])
+        if slots > graphs.k.shape[3] or pool.cache.k.data_ptr() != graphs.k.data_ptr():
             raise RuntimeError(f"run_ahead: the drafter's static cache ({graphs.k.shape[3]} slots) cannot hold "
                                f"{slots}")
         width = graphs.width(slots)
