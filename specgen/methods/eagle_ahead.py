@@ -19,6 +19,7 @@ from specgen.methods.eagle import EagleBatch, EagleTreeDrafter
 from specgen.methods.eagle_grow import GrowPlan, TreeShape, branch_rows, kept_counts, static_growth
 from specgen.methods.options import check_ahead
 from specgen.models.cache import KVCache
+from specgen.models.graphs import masked_call
 from specgen.models.static_step import StaticInputs, eagle_step
 
 
@@ -161,8 +162,7 @@ class TreeAhead(PolicyBase):
         """2. `chunk` tree steps over every live row, none read: step j's drafter replay, verify and `advance`."""
         n, st, br, pool = len(feeds), self.state, self.pool.br, self.pool
         s = 1 + max(self.counts)  # a step's nodes a row: its root and the fullest row's tree
-        if cache.key_mask is None:  # every committed slot visible; a step hides its rejected nodes, the read shows all
-            cache.key_mask = torch.ones(cache.batch, cache.k.shape[3], dtype=torch.bool, device=cache.k.device)
+        cache.mask_every_slot()  # a step hides its rejected nodes until the read's commit shows every slot again
         view = cache.rows(0, n * br)
         lengths = list(view.lengths)
         st.first[:n].copy_(host_tensor(lengths[::br], st.first.device))
@@ -181,11 +181,7 @@ class TreeAhead(PolicyBase):
             out = target.forward(tokens, positions, view, mask)
             inputs = {"logits": out.logits, "features": out.features}
             step = lambda turn=self.turn, j=j, mask=view.key_mask, **x: self.advance(turn, j, n, s, mask, **x)  # noqa
-            tg = self.target_graphs
-            if tg.key_mask is None or view.key_mask.data_ptr() != tg.key_mask.data_ptr():  # its mask is the loop's
-                step(**inputs)
-            else:  # the target's captures read the mask (`StepGraphs.adopt_key_mask`): one replay
-                tg.call(("tree-ahead", *self.held, n, s, j, self.turn), step, inputs)
+            masked_call(self.target_graphs, view.key_mask, ("tree-ahead", *self.held, n, s, j, self.turn), step, inputs)
             self.turn = 1 - self.turn
         view.lengths = lengths
         self.view, self.s = view, s

@@ -16,6 +16,7 @@ from specgen.mesh.tokenizers import BPTTokenizer as BPT
 from specgen.mesh.vertex_lookup import VertexMemory
 from specgen.methods.xspecmesh_pool import XSpecMeshPool
 from specgen.models.cache import KVCache
+from specgen.models.graphs import masked_call
 
 
 def token_tables(device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,8 +121,7 @@ class ChainAhead(PolicyBase):
         """2. `chunk` verify steps over every live row, none read: step j writes past the slots of the steps before it
         and its `advance` stages the next."""
         n, s, st = len(feeds), self.s, self.state  # every live row is fed: rows [0, n)
-        if cache.key_mask is None:  # every committed slot visible; a step hides its rejected nodes, the read shows all
-            cache.key_mask = torch.ones(cache.batch, cache.k.shape[3], dtype=torch.bool, device=cache.k.device)
+        cache.mask_every_slot()  # a step hides its rejected nodes until the read's commit shows every slot again
         view = cache.rows(0, n)
         lengths = list(view.lengths)
         st.first[:n].copy_(host_tensor(lengths, st.first.device))  # each row's first slot of this loop step
@@ -129,13 +129,9 @@ class ChainAhead(PolicyBase):
             view.lengths = [m + j * s for m in lengths]
             out = target.forward(st.tokens[self.turn, :n], st.positions[self.turn, :n], view, None)
             step = lambda ahead, j=j, turn=self.turn, mask=view.key_mask: self.advance(turn, j, n, mask, ahead)  # noqa
-            if self.graphs is None or self.graphs.key_mask is None or \
-                    view.key_mask.data_ptr() != self.graphs.key_mask.data_ptr():  # no capture: its mask is the loop's
-                step(out.ahead)
-            else:  # the backbone's captures read the mask (`StepGraphs.adopt_key_mask`): one replay
-                # keyed by what a capture bakes in: the held state of this width (`open`), the shapes, step and turn
-                key = ("chain-ahead", st.first.shape[0], self.s, self.steps, self.vertex, n, j, self.turn)
-                self.graphs.call(key, step, {"ahead": out.ahead})
+            # keyed by what a capture bakes in: the held state of this width (`open`), the shapes, step and turn
+            key = ("chain-ahead", st.first.shape[0], self.s, self.steps, self.vertex, n, j, self.turn)
+            masked_call(self.graphs, view.key_mask, key, step, {"ahead": out.ahead})
             self.turn = 1 - self.turn
         view.lengths = lengths
         self.view = view

@@ -206,6 +206,13 @@ class KVCache:
         mask = (pending | (rel < 0)[:, None, :]).unsqueeze(1)  # committed slots (rel < 0) are visible
         return self.hide_keys(mask)
 
+    def mask_every_slot(self) -> torch.Tensor:
+        """A key mask over every slot of every row ([B, T], all visible, made once): what a step that hides its own
+        rejected nodes until a later commit writes (a run_ahead loop step's, methods/*_ahead.py)."""
+        if self.key_mask is None:
+            self.key_mask = torch.ones(self.batch, self.k.shape[3], dtype=torch.bool, device=self.k.device)
+        return self.key_mask
+
     def hide_keys(self, mask: torch.Tensor) -> torch.Tensor:
         """`mask` [B, 1, S, T] over slots with the `key_mask` slots hidden (unchanged when there is none)."""
         if self.key_mask is None:

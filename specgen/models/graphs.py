@@ -413,6 +413,16 @@ class StepGraphs:
 
 
 @contextmanager
+def masked_call(graphs: StepGraphs | None, mask: torch.Tensor, key: tuple, fn: Callable[..., tuple],
+                inputs: dict[str, torch.Tensor]) -> tuple:
+    """`fn(**inputs)`, a step that writes the key mask `mask`, as a replay of `graphs` (`StepGraphs.call`) where its
+    captures read that mask (`adopt_key_mask` made it their static buffer); else run as it is (no captures, or the
+    mask is still the loop's own)."""
+    if graphs is None or graphs.key_mask is None or mask.data_ptr() != graphs.key_mask.data_ptr():
+        return fn(**inputs)
+    return graphs.call(key, fn, inputs)
+
+
 def syncs_raise():
     """CUDA's sync debug mode at "error" (a host read raises instead of waiting), the caller's mode restored after."""
     before = torch.cuda.get_sync_debug_mode()
