@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from specgen.decoding.accept import accept_sampled
 from specgen.decoding.draft import Draft
 from specgen.decoding.pool import PolicyBase, RowStep
-from specgen.decoding.sampling import logits_to_probs, sample
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
@@ -18,8 +18,8 @@ class ArSteps(PolicyBase):
     """AR with `steps` AR steps in each loop step (greedy only when `steps` > 1), read on the host once: step j feeds
     the argmax of step j - 1's logits without the host seeing it. Exact: step j is AR's forward at length n + j over
     the same cache slots, its token AR's greedy pick (the argmax of the same logits), and the loop keeps every node, as
-    AR commits each; a sampled step draws its token as the draft-verify of an empty draft does (`accept_rejection`:
-    `sample` of the row's filtered distribution with its generator), so the streams are the same. A loop step runs no
+    AR commits each; a sampled step draws its token as the draft-verify of an empty draft does (it is one:
+    `accept_sampled`, one uniform from the row's generator), so the streams are the same. A loop step runs no
     more steps than the live row nearest its budget may still add, so no position passes a row's budget (nor so the
     model's context); tokens past a stop token are cut by the loop, as a chunk's always are. Where a step is a CUDA
     graph replay, the host's share of a token (staging, accept, commit, the loop) shrinks by ~`steps`; at one step
@@ -60,9 +60,11 @@ class ArSteps(PolicyBase):
         with clock("accept"):  # 3. the host's one read of `chunk` tokens a row
             if params.greedy:
                 picked = out.picks()  # [n][chunk]
-            else:  # chunk 1: each row draws with its own generator, on the host (seeded streams)
-                probs = logits_to_probs(out.logits[:, 0], params).cpu()  # [n, V]
-                picked = [[sample(probs[i - lo], g)] for i, g in zip(rows, generators)]
+            else:  # chunk 1: each row draws with its own generator's uniform (seeded streams)
+                at = [i - lo for i in rows]  # the fed rows of [lo, hi)
+                logits = out.logits[:, :1] if len(at) == out.logits.shape[0] else out.logits[at, :1]  # [n, 1, V]
+                verdicts = accept_sampled([Draft.empty()] * len(at), logits, params, generators)
+                picked = {i: list(v.tokens) for i, v in zip(at, verdicts)}
         for s in stats:
             s.record(0, 0, 0)  # an AR step's record: no draft
         keep = list(range(self.chunk))

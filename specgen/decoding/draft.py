@@ -4,18 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from specgen.decoding.tree import DraftTree
 
 
 @dataclass(frozen=True)
 class Draft:
-    """A proposal: tokens on a tree (a chain is a tree); probs are the distributions they were drawn from."""
+    """A proposal: tokens on a tree (a chain is a tree). A lossless rule takes each token as given (q = its one-hot):
+    exact for any token fixed before the verify, a draw of the drafter's included."""
 
     tokens: tuple[int, ...]  # [N]
     tree: DraftTree
-    probs: torch.Tensor | None = None  # [N, V]: q of node i's sampling distribution; None = deterministic
 
     @staticmethod
     def empty() -> "Draft":
@@ -23,8 +21,8 @@ class Draft:
         return EMPTY
 
     @classmethod
-    def chain(cls, tokens: list[int] | tuple[int, ...], probs: torch.Tensor | None = None) -> "Draft":
-        return cls(tuple(tokens), DraftTree.chain(len(tokens)), probs)
+    def chain(cls, tokens: list[int] | tuple[int, ...]) -> "Draft":
+        return cls(tuple(tokens), DraftTree.chain(len(tokens)))
 
     def __post_init__(self) -> None:
         if len(self.tokens) != self.tree.size:

@@ -7,11 +7,11 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specgen.decoding.accept import accept_greedy, accept_rejection
+from specgen.decoding.accept import accept_greedy, accept_sampled
 from specgen.decoding.budget import DraftBudget
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.pool import DrafterPool, EachRow, PolicyBase, RowStep, StepPolicy
-from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import TargetOut
 
 Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"], Verdict]
@@ -25,15 +25,12 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator)
 
 def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
                 generators: Sequence[torch.Generator | None], argmax: list[list[int]] | None = None) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]), with one device-to-host copy (greedy: `argmax`
-    [n][S] where the caller read it): rejection sampling reads p and q node by node with its CPU generators (seeded
-    streams), so both move to the host first."""
+    """`judge` for every row of a verify forward (logits [n, S, V]) with one device-to-host copy of a few ints a row
+    (greedy: `argmax` [n][S] where the caller read it; sampled: `accept_sampled`)."""
     if params.greedy:
         argmax = logits.argmax(-1).tolist() if argmax is None else argmax  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
-    probs = logits_to_probs(logits, params).cpu()  # [n, S, V]
-    return [accept_rejection(d if d.probs is None else replace(d, probs=d.probs.cpu()), probs[i, : sizes[i]], g)
-            for i, (d, g) in enumerate(zip(drafts, generators))]
+    return accept_sampled(drafts, logits, params, generators)
 
 
 class ReadAlong(Protocol):

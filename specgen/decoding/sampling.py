@@ -65,6 +65,20 @@ def cut_sorted(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
     return sorted_p.masked_fill(before >= top_p, 0.0)
 
 
+class LazyRows:
+    """Filtered, tempered distributions of logits rows [S, V], computed only when a rule reads them (a walk stops at
+    the first rejection, so later rows never pay the top-k / top-p filter)."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams,
+                 rows: dict[int, torch.Tensor] | None = None) -> None:
+        self.logits, self.params, self.rows = logits, params, {} if rows is None else rows  # rows: made already
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self.rows:
+            self.rows[i] = logits_to_probs(self.logits[i], self.params)  # [V]
+        return self.rows[i]
+
+
 def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """`probs` on the generator's device: seeded streams are CPU generators, and a draw from CUDA probabilities with
     one would fail; the same stream then gives the same draws on every device (a no-op on cpu)."""
@@ -74,21 +88,28 @@ def on_generator(probs: torch.Tensor, generator: torch.Generator | None) -> torc
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from probs [V]."""
-    return int(torch.multinomial(on_generator(probs, generator), 1, generator=generator))
+    """Draw one token id from probs [V]: one uniform of the generator, by inverse CDF (as `accept_sampled` draws its
+    last token, so a rule's empty draft and AR draw alike)."""
+    return sample_rows(probs[None], generator)[0]
 
 
 def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> list[int]:
-    """One independent draw per row of probs [R, V] by inverse CDF (one cumsum + searchsorted, not R multinomials).
+    """One independent draw per row of probs [R, V] by inverse CDF (one cumsum + searchsorted, not R multinomials)."""
+    probs = on_generator(probs, generator)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)  # [R, 1]
+    return inverse_cdf(probs, u).tolist()
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The ids [R] that uniforms u [R, 1] in [0, 1) pick from unnormalised probs [R, V], on their device, no host read.
 
     Zero-probability ids are never drawn: the CDF does not rise at them; a uniform rounded up to the total falls back
     to the row's last positive id."""
-    probs = on_generator(probs, generator)
     cdf = probs.float().cumsum(-1)  # [R, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]  # [R, 1]
-    idx = torch.searchsorted(cdf, u, right=True)[:, 0].clamp_max(probs.shape[-1] - 1)  # [R]
-    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).float().argmax(-1)  # [R] last positive id
-    return torch.minimum(idx, last).tolist()
+    total = cdf[:, -1:].contiguous()  # [R, 1]
+    idx = torch.searchsorted(cdf, u * total, right=True)  # [R, 1]: the first id whose CDF passes u * total
+    last = torch.searchsorted(cdf, total)  # [R, 1]: the first id where the CDF reaches its total (a positive one)
+    return torch.minimum(idx, last)[:, 0]
 
 
 def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -67,7 +67,7 @@ class MeshDecoder:
                 budget = self.budgets.setdefault(repr((opts, params)), auto_budget(self, d_max, params, opts)) \
                     if opts.budget == "auto" else FixedBudget(d_max)
                 along = pool if pool.ahead else None  # ... and read with the accept's picks
-                step = DraftVerify(pool, mesh_rule(opts, params, target.device), budget, along)
+                step = DraftVerify(pool, mesh_rule(opts, params), budget, along)
         batch = decode_batch(target, step, [[i] for i in range(len(pcs))], max_tokens, params, (self.eos_id,),
                              generators, batch_size=batch_size, max_draft=nodes, on_done=on_done, on_tokens=on_tokens)
         return batch.results  # tokens x_1 .. (EOS included when reached)

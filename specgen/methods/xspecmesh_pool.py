@@ -10,12 +10,11 @@ from typing import Sequence
 
 import torch
 
-from specgen.decoding.accept import accept_rejection
 from specgen.decoding.accept_threshold import AcceptCriterion, accept_lossy
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PoolBase
-from specgen.decoding.sampling import SamplingParams, logits_to_probs, sample, sample_rows
+from specgen.decoding.sampling import LazyRows, SamplingParams, logits_to_probs, sample, sample_rows
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import TargetOut
 from specgen.devices import copy_into, host_tensor
@@ -31,10 +30,9 @@ from specgen.models.heads import StackedHeads, head_logits
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Branches of the top-K_s probability tree lighter than this are pruned (appendix A.4).
 TREE_PRUNE = 1e-5
-#: Device types on which a host read idles the device (the host waits, then launches the next work), so lossless
-#: decoding reads the host once a step there: the judge's one copy of every filtered row (T > 0), with greedy the heads'
-#: candidates for every verify position in it (one call, D + 1 times their work: `reads_ahead`). Elsewhere T > 0
-#: filters only the rows the rule reads (`LazyRows`) and the heads run once per row in `propose`, read on their own.
+#: Device types on which a host read idles the device (the host waits, then launches the next work), so lossless greedy
+#: decoding reads the heads' candidates for every verify position with the judge's picks (one call, D + 1 times their
+#: work: `reads_ahead`). Elsewhere the heads run once per row in `propose`, read on their own.
 ONE_READ = frozenset({"cuda"})
 
 
@@ -119,28 +117,13 @@ def head_candidates(head_logits: torch.Tensor, params: SamplingParams, opts: XSp
     return Proposal(tokens, token_probs(head_logits, chosen, params.temperature).tolist())
 
 
-class LazyRows:
-    """Filtered, tempered distributions of logits rows [S, V], computed only when the rule reads them
-    (it stops at the first rejection, so later rows never pay the top-k / top-p filter)."""
-
-    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
-        self.logits, self.params, self.rows = logits, params, {}
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i not in self.rows:
-            self.rows[i] = logits_to_probs(self.logits[i], self.params)  # [V]
-        return self.rows[i]
-
-
-def mesh_rule(opts: XSpecMeshOptions, params: SamplingParams, device: torch.device | str):
+def mesh_rule(opts: XSpecMeshOptions, params: SamplingParams):
     """The loop's accept rule for a chain of candidates x_{s+1 ..} on the backbone's filtered rows [D + 1, V]:
     lossless rejection sampling (deterministic candidates: q = one-hot, accept with probability p(x); greedy: the
-    argmax match), as the loop's batched `judge` (one host copy a step for the whole batch) when greedy or on a
-    ONE_READ device, else per row on the rows it reads; or the paper's lossy criterion."""
-    if opts.lossless and (params.greedy or torch.device(device).type in ONE_READ):
-        return judge
+    argmax match) as the loop's batched `judge` (one host copy a step for the whole batch), or the paper's lossy
+    criterion."""
     if opts.lossless:
-        return lambda draft, logits, params, generator: accept_rejection(draft, LazyRows(logits, params), generator)
+        return judge
     criterion = AcceptCriterion(opts.criterion, opts.delta, opts.top_k_accept)
     return lambda draft, logits, params, generator: accept_lossy(draft, LazyRows(logits, params), criterion, generator,
                                                                  params.greedy)

@@ -65,7 +65,7 @@ def test_ar_steps_decode_what_the_draft_verify_of_the_empty_draft_decodes(modali
         target, prompts, n, stop = MeshTarget(tiny_mesh_model(), clouds), [[i] for i in range(5)], 40, (5120,)
         opts = XSpecMeshOptions(criterion="rejection", sampling="tree", top_k_tree=1) if "lossless" in modality \
             else XSpecMeshOptions()
-        rule = mesh_rule(opts, params, "cpu")
+        rule = mesh_rule(opts, params)
     generic = DraftVerify(EachRow(lambda i: EmptyDrafter()), rule, FixedBudget(256))
     want = decode_batch(target, generic, prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
     got = decode_batch(target, ArSteps(), prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)

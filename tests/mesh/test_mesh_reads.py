@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from specgen.decoding import loop
-from specgen.decoding.accept import accept_rejection
-from specgen.decoding.draft_verify import DraftVerify
+from specgen.decoding.draft_verify import DraftVerify, judge
 from specgen.decoding.sampling import SamplingParams
 from specgen.methods import xspecmesh, xspecmesh_pool
 from specgen.methods.xspecmesh import MeshDecoder, XSpecMeshOptions
-from specgen.methods.xspecmesh_pool import LazyRows, XSpecMeshPool
+from specgen.methods.xspecmesh_pool import XSpecMeshPool
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_heads, tiny_mesh_model
 from tests.mesh.test_mesh_xspecmesh import one_thread, setup  # noqa: F401  (fixtures: the tiny model, 1 thread)
 
@@ -62,10 +61,14 @@ def test_read_ahead_heads_ride_the_accept_read(setup, monkeypatch):
 
 
 def test_the_read_count_sees_a_rule_that_reads_per_candidate(setup, monkeypatch):
-    """The control: the rule before the batched judge (rejection sampling on lazily filtered device rows) read p(x)
-    of every candidate, and drew on the host."""
-    old = lambda draft, logits, params, g: accept_rejection(draft, LazyRows(logits, params), g)  # noqa: E731
-    monkeypatch.setattr(xspecmesh, "mesh_rule", lambda *_: old)
+    """The control: a rule that reads p(x) of each candidate on the host (as the walk before the batched judge did)."""
+
+    def per_candidate(draft, logits, params, g):
+        for c, x in enumerate(draft.tokens):
+            float(logits[c, x])
+        return judge(draft, logits, params, g)
+
+    monkeypatch.setattr(xspecmesh, "mesh_rule", lambda *_: per_candidate)
     assert max(step_reads(setup, monkeypatch)) > 3
 
 
@@ -122,16 +125,3 @@ def test_read_ahead_in_a_batch_drafts_what_propose_drafts(monkeypatch, budget):
                                                                                    batch_size=3)])
     assert drafts[0] == drafts[1] and meshes[0] == meshes[1]
     assert meshes[0] == [r.tokens for r in MeshDecoder(model).generate_batch(clouds, GREEDY, 50)]
-
-
-def test_sampled_lossless_decodes_alike_with_one_copy_or_the_rows_it_reads(setup, monkeypatch):
-    """T > 0: the batched judge's one copy of every filtered row (ONE_READ devices) and the rule on the rows it reads
-    (the CPU's LazyRows) draw the same uniforms in the same order from the same rows: the same mesh."""
-    model, pc = setup
-    meshes = []
-    for one_read in ((), ("cpu",)):
-        monkeypatch.setattr(xspecmesh_pool, "ONE_READ", frozenset(one_read))
-        gens = [torch.Generator().manual_seed(5)], [torch.Generator().manual_seed(6)]
-        meshes.append(MeshDecoder(model, tiny_heads(scramble=False)).generate_batch([pc], SAMPLED, 80, LOSSLESS,
-                                                                                    *gens)[0])
-    assert meshes[0].tokens == meshes[1].tokens and sum(meshes[0].stats.accepted) > 0

@@ -1,13 +1,14 @@
 """The training-time image samplers run on the shared decoding loop and draw the tokens (and record the features) of
 LlamaGen's batched sampling chain, written out here as the reference: one prefill of every [cond; null] row, then
-one forward of all rows per token, logits-level CFG, one multinomial over the [B, V] batch per step."""
+one forward of all rows per token, logits-level CFG, a draw a row per step (LlamaGen's multinomial over the [B, V]
+batch; here specgen's sampler, one uniform a row by inverse CDF, which draws the same law)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.sampling import SamplingParams, inverse_cdf, logits_to_probs
 from specgen.train.image_gpt import sample_images
 from tests.image_fixtures import one_thread, tiny_image_target
 
@@ -31,7 +32,8 @@ def llamagen_chain(model, labels: torch.Tensor, cfg_scale: float, params: Sampli
         if cfg_scale > 1:
             lg = lg[b:] + cfg_scale * (lg[:b] - lg[b:])
         probs = logits_to_probs(lg, params)
-        tok = probs.argmax(-1) if params.greedy else torch.multinomial(probs, 1, generator=generator)[:, 0]
+        tok = probs.argmax(-1) if params.greedy else torch.cat([  # a row at a time, one uniform each
+            inverse_cdf(probs[i : i + 1], torch.rand(1, 1, generator=generator)) for i in range(b)])
         tokens.append(tok)
         x = tok.repeat(rows.shape[0] // b)[:, None]
         logits, hidden = model(x, torch.full((rows.shape[0], 1), 1 + r, dtype=torch.long), cache)
