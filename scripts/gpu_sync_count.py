@@ -49,7 +49,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import specgen.devices as devices
-from specgen.decoding import loop
+from specgen.decoding import accept, loop
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.stats import DecodeStats
 from specgen.decoding.target import ModelTarget
@@ -182,6 +182,8 @@ def emulate_captures() -> None:
     graphs.StepGraphs.captured = counted
     # lossless XSpecMesh's greedy steps as a GPU runs them: the heads' next candidates read with the verdict's picks
     xspecmesh_pool.ONE_READ = xspecmesh_pool.ONE_READ | {"cpu"}
+    # a sampled judge's walk as a GPU runs it: every row's walk at once, in the target's graphs
+    accept.HOST_WALK = frozenset()
 
 
 def cuda_kernels(step, lines: Counter | None = None) -> int:

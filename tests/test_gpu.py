@@ -183,6 +183,34 @@ def test_captured_steps_decode_what_eager_ar_decodes(method, defaults, batch):
     assert steps.replays > 0 and steps.eager_calls == 0 and steps.graph_bytes > 0
 
 
+@pytest.mark.parametrize("method", ["ar", "ngram", "pcllm-mr"])
+def test_a_sampled_judges_captured_walk_draws_what_its_eager_walk_draws(method):
+    """T 1 with top-k and top-p, batch 3: --graphs on (each step's walk one replay of a capture in the target's,
+    `accept.device_walks`) against --graphs off (the walk's ops eager on the GPU): the same tokens from the same seeded
+    uniforms, and every walk was captured (a capture refuses a host read)."""
+    from specgen.methods import run_batch
+    from specgen.models import graphs
+
+    model, _ = cpu_reference(0)
+    prompts, params = [PROMPT, PROMPT[:7], PROMPT + [6, 7, 8, 9]], SamplingParams(1.0, top_k=20, top_p=0.9)
+    gpu = target_on(model, "cuda")
+
+    def sampled():
+        gens = [torch.Generator().manual_seed(11 + i) for i in range(3)]
+        got = run_batch(gpu, lambda i: method_drafter(method, 0, True), prompts, NEW, params, generators=gens)
+        return [r.tokens for r in got.results]
+
+    eager = sampled()
+    steps = graphs.attach(model, "on")
+    try:
+        captured, again = sampled(), sampled()
+    finally:
+        graphs.attach(model, "off")
+    assert captured == again == eager
+    walks = [graph for key, (_, graph, _) in steps.graphs.items() if isinstance(key, tuple) and key[0] == "walk"]
+    assert walks and all(graph is not None for graph in walks)
+
+
 # targets whose blocks differ from Llama's, each with `tiny_model`'s overrides and the new tokens it decodes
 TARGETS = {
     # SmolLM3's NoPE layers (layer 1 here) through the Triton rope with a still rotation

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import torch
 
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import LazyRows, SamplingParams, inverse_cdf, logits_to_probs
+from specgen.decoding.target import Replays
+from specgen.devices import to_device
+from specgen.models.graphs import NODE_BUCKETS, ROW_BUCKETS
 
 
 def accept_greedy(draft: Draft, argmax: list[int]) -> Verdict:
@@ -28,7 +32,7 @@ HOST_WALK = frozenset({"cpu"})
 
 
 def accept_sampled(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
-                   generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+                   generators: Sequence[torch.Generator | None], graphs: Replays | None = None) -> list[Verdict]:
     """Lossless tree rejection sampling of deterministic drafts (q = the drafted token's one-hot: SpecInfer's rule for
     siblings) over the target's logits [n, S, V] (S > every draft's size) filtered by `params`.
 
@@ -39,12 +43,13 @@ def accept_sampled(drafts: Sequence[Draft], logits: torch.Tensor, params: Sampli
     The path is each accepted node that no earlier sibling beat, under a parent on the path; the last token is a draw
     (its uniform, by inverse CDF) from p at the path's end less all its children's tokens (the residual after their
     rejections, or p where none). On a HOST_WALK device a node at a time (`host_walks`), elsewhere every row at once
-    (`device_walks`): one upload (tokens, parents, uniforms) and one read of N + 1 ints a row, not [S, V]
-    distributions."""
+    (`device_walks`, a replay of the target's `graphs` where given): one upload (tokens, parents, uniforms) and one
+    read of N + 1 ints a row, not [S, V] distributions."""
     uniforms = [torch.rand(d.size + 1, generator=g, device=None if g is None else g.device).tolist()
                 for d, g in zip(drafts, generators)]  # [n][N_i + 1]
-    walks = host_walks if logits.device.type in HOST_WALK else device_walks
-    return walks(drafts, logits, params, uniforms)
+    if logits.device.type in HOST_WALK:
+        return host_walks(drafts, logits, params, uniforms)
+    return device_walks(drafts, logits, params, uniforms, graphs)
 
 
 def host_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
@@ -61,23 +66,56 @@ def host_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingPa
 
 
 def device_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
-                 uniforms: list[list[float]]) -> list[Verdict]:
-    """Every row at once on the logits' device (`walk`): one upload of the tokens, parents and uniforms, one read."""
-    width = logits.shape[1] - 1  # N: node columns
-    host = []  # [n][3][N + 1]: tokens, parent rows (-1: padding), uniforms (column N: the last token's)
+                 uniforms: list[list[float]], graphs: Replays | None = None) -> list[Verdict]:
+    """Every row at once on the logits' device (`walked`): one upload of the tokens, parents and uniforms, one read.
+    With `graphs`, one replay of a (rows, nodes) bucket's captured walk (the logits copied into its buffer: ~4
+    launches where the walk's ops are ~50); eager where no bucket holds the call."""
+    n, s, vocab = logits.shape
+    depth = max((d.tree.max_depth() for d in drafts), default=0)
+    rounds = max(depth - 1, 0).bit_length()  # `walk`'s pointer-jumping rounds: 2^rounds >= depth
+    bucket = None if graphs is None else walk_bucket(n, s - 1)
+    rows, width = (n, s - 1) if bucket is None else bucket
+    x = staged(drafts, uniforms, rows, width)  # [rows, 3, width + 1]
+    if bucket is None:
+        out = walked(logits, to_device(x, logits.device), params, rounds)[0]
+    else:
+        key = ("walk", rows, width, vocab, logits.dtype, params, rounds)
+        out = graphs.call(key, partial(walked, params=params, rounds=rounds), {"logits": logits, "x": x},
+                          {"logits": (rows, width + 1, vocab)})[0]
+    read = (out if rows == n else out[:n]).tolist()  # [n][width + 1]: the one read
+    verdicts = []
+    for d, row in zip(drafts, read):
+        path = tuple(c for c in range(d.size) if row[c])  # node order is root-to-leaf order on one path
+        verdicts.append(Verdict(path, tuple(d.tokens[c] for c in path) + (row[width],)))
+    return verdicts
+
+
+def walk_bucket(n: int, width: int) -> tuple[int, int] | None:
+    """The captured walk's (rows, nodes) bucket of n rows of `width` nodes (an AR step's: none); None: eager."""
+    rows = next((r for r in ROW_BUCKETS if r >= n), None)
+    nodes = 0 if width == 0 else next((m for m in NODE_BUCKETS if m >= width), None)
+    return None if rows is None or nodes is None else (rows, nodes)
+
+
+def staged(drafts: Sequence[Draft], uniforms: list[list[float]], rows: int, width: int) -> torch.Tensor:
+    """The walk's host inputs [rows, 3, width + 1], float32 (it holds ids < 2^24 exactly): node tokens, parent rows
+    (-1: padding) and uniforms (column `width`: the last token's), one row a draft, padding rows after them."""
+    host = []
     for d, u in zip(drafts, uniforms):
         pad = [0] * (width - d.size)
         host.append([[*d.tokens, *pad, 0], [p + 1 for p in d.tree.parents] + [-1] * (width + 1 - d.size),
                      u[:-1] + pad + u[-1:]])
-    x = torch.tensor(host, dtype=torch.float32).to(logits.device)  # float32 holds ids < 2^24 exactly
-    depth = max((d.tree.max_depth() for d in drafts), default=0)
-    on, last = walk(logits_to_probs(logits, params), x[:, 0, :width].long(), x[:, 1, :width].long(), x[:, 2], depth)
-    rows = torch.cat([on.long(), last[:, None]], 1).tolist()  # [n][N + 1]: the one read
-    verdicts = []
-    for d, row in zip(drafts, rows):
-        path = tuple(c for c in range(d.size) if row[c])  # node order is root-to-leaf order on one path
-        verdicts.append(Verdict(path, tuple(d.tokens[c] for c in path) + (row[width],)))
-    return verdicts
+    host += [[[0] * (width + 1), [-1] * (width + 1), [0.0] * (width + 1)]] * (rows - len(drafts))
+    return torch.tensor(host, dtype=torch.float32)
+
+
+def walked(logits: torch.Tensor, x: torch.Tensor, params: SamplingParams, rounds: int) -> tuple[torch.Tensor]:
+    """`walk` over a verify's logits [n, S, V] filtered on the device (no host read: a captured step's) and the staged
+    inputs x [n, 3, S] (`staged`) -> [n, S]: the path mask over the S - 1 nodes, then the last token."""
+    width = logits.shape[1] - 1
+    tok, parent = x[:, 0, :width].long(), x[:, 1, :width].long()
+    on, last = walk(logits_to_probs(logits, params, host_reads=False), tok, parent, x[:, 2], rounds)
+    return (torch.cat([on.long(), last[:, None]], 1),)
 
 
 def walk_row(draft: Draft, rows: LazyRows, u: list[float]) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -103,10 +141,10 @@ def walk_row(draft: Draft, rows: LazyRows, u: list[float]) -> tuple[tuple[int, .
 
 
 def walk(probs: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, u: torch.Tensor,
-         depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+         rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`accept_sampled`'s device half, no host read: probs [n, S, V]; node tokens [n, N] and parent rows [n, N] (-1:
-    padding; parents precede their children), uniforms [n, N + 1], the trees' largest depth -> the path mask
-    [n, N] (bool) and the last tokens [n]."""
+    padding; parents precede their children), uniforms [n, N + 1], `rounds` with 2^rounds >= the trees' largest
+    depth -> the path mask [n, N] (bool) and the last tokens [n]."""
     n, s, vocab = probs.shape
     width = s - 1
     rows = torch.arange(n, device=probs.device)
@@ -121,9 +159,12 @@ def walk(probs: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, u: torch.
     accepted = valid & (p_x > 0) & (u[:, :width] * (mass - before) < p_x)  # [n, N]: u_c < p'(x_c)
     chosen = accepted & ~(earlier & accepted[:, None, :]).any(-1)  # [n, N]: its parent's first accepted child
     root = torch.ones(n, 1, dtype=torch.bool, device=probs.device)
-    on = chosen
-    for _ in range(depth - 1):  # pass k settles depth k + 2
-        on = chosen & torch.cat([root, on], 1).gather(1, parent)
+    # on the path: chosen, and every ancestor too. Pointer jumping: after round r, on[c] is the AND over c and its
+    # 2^r - 1 nearest ancestor nodes, up[c] the row 2^r levels above c (the root's row stays put)
+    on, up = chosen, parent
+    for _ in range(rounds):
+        on = on & torch.cat([root, on], 1).gather(1, up)
+        up = torch.cat([torch.zeros_like(up[:, :1]), up], 1).gather(1, up)
     # the path's end is its largest node (parents precede children); row 0 where the path is empty
     end = torch.cat([torch.zeros_like(root, dtype=torch.long), on * (order + 1)], 1).amax(-1)  # [n]
     p_end = probs[rows, end]  # [n, V]

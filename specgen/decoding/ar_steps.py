@@ -63,7 +63,7 @@ class ArSteps(PolicyBase):
             else:  # chunk 1: each row draws with its own generator's uniform (seeded streams)
                 at = [i - lo for i in rows]  # the fed rows of [lo, hi)
                 logits = out.logits[:, :1] if len(at) == out.logits.shape[0] else out.logits[at, :1]  # [n, 1, V]
-                verdicts = accept_sampled([Draft.empty()] * len(at), logits, params, generators)
+                verdicts = accept_sampled([Draft.empty()] * len(at), logits, params, generators, out.graphs)
                 picked = {i: list(v.tokens) for i, v in zip(at, verdicts)}
         for s in stats:
             s.record(0, 0, 0)  # an AR step's record: no draft

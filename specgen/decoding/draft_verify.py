@@ -19,18 +19,21 @@ Rule = Callable[[Draft, torch.Tensor, SamplingParams, "torch.Generator | None"],
 
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, generator) -> Verdict:
     """Lossless acceptance of one draft (logits [S, V]): greedy match at temperature 0, tree rejection sampling
-    otherwise (`judge_batch` of one row)."""
-    return judge_batch([draft], logits[None], [logits.shape[0]], params, [generator])[0]
-
-
-def judge_batch(drafts: Sequence[Draft], logits: torch.Tensor, sizes: Sequence[int], params: SamplingParams,
-                generators: Sequence[torch.Generator | None], argmax: list[list[int]] | None = None) -> list[Verdict]:
-    """`judge` for every row of a verify forward (logits [n, S, V]) with one device-to-host copy of a few ints a row
-    (greedy: `argmax` [n][S] where the caller read it; sampled: `accept_sampled`)."""
+    otherwise (a `judge_batch` row's verdict)."""
     if params.greedy:
-        argmax = logits.argmax(-1).tolist() if argmax is None else argmax  # [n][S]
+        return accept_greedy(draft, logits.argmax(-1).tolist())
+    return accept_sampled([draft], logits[None], params, [generator])[0]
+
+
+def judge_batch(drafts: Sequence[Draft], out: TargetOut, sizes: Sequence[int], params: SamplingParams,
+                generators: Sequence[torch.Generator | None]) -> list[Verdict]:
+    """`judge` for every row of a verify forward (out.logits [n, S, V]) with one device-to-host copy of a few ints a
+    row (greedy: the picks, `out.argmax` where the caller read them; sampled: `accept_sampled`, replayed in the
+    target's `out.graphs`)."""
+    if params.greedy:
+        argmax = out.picks()  # [n][S]
         return [accept_greedy(d, argmax[i][: sizes[i]]) for i, d in enumerate(drafts)]
-    return accept_sampled(drafts, logits, params, generators)
+    return accept_sampled(drafts, out.logits, params, generators, out.graphs)
 
 
 class ReadAlong(Protocol):
@@ -70,7 +73,7 @@ class DraftVerify(PolicyBase):
             if self.rule is judge:  # one device-to-host copy for the whole batch, not one per row
                 if params.greedy:  # kept on `out`: a drafter's next guesses are the same argmax (no second read)
                     out = replace(out, argmax=self.picks(out))
-                verdicts = judge_batch(drafts, out.logits, sizes, params, generators, out.argmax)
+                verdicts = judge_batch(drafts, out, sizes, params, generators)
             else:
                 verdicts = [self.rule(d, out.logits[i, : sizes[i]], params, g)
                             for i, (d, g) in enumerate(zip(drafts, generators))]

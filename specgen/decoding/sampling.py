@@ -21,22 +21,24 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams, host_reads: bool = True) -> torch.Tensor:
     """Probabilities [..., V] (float32) after temperature, top-k and top-p filtering; greedy: the argmax's one-hot.
-    Each row on its own: a row's probabilities never depend on the rows beside it (a batch's, a tree's padding)."""
+    Each row on its own: a row's probabilities never depend on the rows beside it (a batch's, a tree's padding).
+    `host_reads=False`: no value read on the host (a captured step's), at the price of top-k's tie path on every row."""
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        return top_k_probs(logits, params)
+        return top_k_probs(logits, params, host_reads)
     return top_p_probs(logits.softmax(-1), params.top_p)
 
 
-def top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def top_k_probs(logits: torch.Tensor, params: SamplingParams, host_reads: bool = True) -> torch.Tensor:
     """Top-k, then top-p, probabilities [..., V] of tempered logits [..., V]. A row without ties at its k-th value
     from its k sorted values alone, in O(V); a row with ties there (bfloat16 logits tie often) over every token tied
-    with the k-th: chosen per row, so a neighbour's ties never change a row's numbers."""
+    with the k-th: chosen per row, so a neighbour's ties never change a row's numbers. The host reads whether any row
+    ties, so that none pays the tie path when none ties; without `host_reads` every row pays it."""
     top = logits.topk(params.top_k, dim=-1)  # values/indices [..., k], sorted descending
     keep = logits >= top.values[..., -1:]  # [..., V]; ties with the k-th value are kept
     p = top.values.softmax(-1)  # [..., k], descending
@@ -45,6 +47,9 @@ def top_k_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         p = p / p.sum(-1, keepdim=True)
     probs = torch.zeros_like(logits).scatter(-1, top.indices, p)
     tied = keep.sum(-1) > params.top_k  # [...]: rows whose k-th value is tied
+    if not host_reads:
+        ties = top_p_probs(logits.masked_fill(~keep, float("-inf")).softmax(-1), params.top_p)
+        return torch.where(tied[..., None], ties, probs)
     if bool(tied.any()):
         probs[tied] = top_p_probs(logits[tied].masked_fill(~keep[tied], float("-inf")).softmax(-1), params.top_p)
     return probs

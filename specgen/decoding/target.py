@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from specgen.devices import to_device
 from specgen.models.cache import KVCache
 from specgen.models.prompt import prompt_mode
+
+
+class Replays(Protocol):
+    """A target's captured device work over static buffers (models/graphs.StepGraphs)."""
+
+    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor],
+             shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[torch.Tensor, ...]:
+        """fn(**static) over static copies of `inputs` (each the leading block of its `shapes` entry), replayed."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +28,7 @@ class TargetOut:
     features: torch.Tensor  # [B, S, D] final hidden states (CFG adapters: per-branch, see their doc)
     argmax: list[list[int]] | None = None  # [B][S] on the host where the step read it (greedy judging): reused
     ahead: torch.Tensor | None = None  # [B, S, 1 + k] float32: greedy picks, then a pool's columns (`ReadAlong`)
+    graphs: Replays | None = None  # the target's captures, where a sampled judge replays its walk (None: eager)
 
     def picks(self) -> list[list[int]]:
         """The greedy picks [B][S] on the host: the step's own read where it made one, else one device read now."""
@@ -77,4 +86,5 @@ class ModelTarget:
 
     @torch.inference_mode()
     def forward(self, tokens, positions, cache, tree_mask) -> TargetOut:
-        return TargetOut(*self.model(tokens, positions, cache, tree_mask))  # logits, final hidden states
+        logits, hidden = self.model(tokens, positions, cache, tree_mask)
+        return TargetOut(logits, hidden, graphs=self.model.graphs)

@@ -67,14 +67,14 @@ class CFGTarget:
         replayed = None if graphs is None else graphs.forward(tokens, positions, cache, tree_mask, branches=b,
                                                               post=Guidance(self.cfg_scale) if b == 2 else None)
         if replayed is not None:
-            return TargetOut(*replayed)
+            return TargetOut(*replayed, graphs=graphs)
         if isinstance(tokens, list):  # built on the host (`forward_span`): the eager forward's on the device
             tokens, positions, tree_mask = host_inputs(tokens, positions, tree_mask, self.device)
         if tree_mask is not None and tree_mask.dim() == 3:
             tree_mask = tree_mask.repeat_interleave(b, 0)
         logits, hidden = self.model.eager(tokens.repeat_interleave(b, 0), positions.repeat_interleave(b, 0), cache,
                                           tree_mask)  # its graphs just declined this call
-        return TargetOut(self.combine(logits), hidden)
+        return TargetOut(self.combine(logits), hidden, graphs=graphs)
 
     def commit(self, cache: KVCache, keep: list[int]) -> None:
         cache.commit_seqs({0: keep}, self.branches)  # the one sequence's branch rows

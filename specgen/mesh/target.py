@@ -69,4 +69,4 @@ class MeshTarget:
         if outs is None:  # no captured steps, or they declined this call
             outs = decoder.eager(tokens, positions, cache, tree_mask)
             outs = outs if self.along is None else self.along(*outs)
-        return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None)
+        return TargetOut(outs[0], outs[1], ahead=outs[2] if self.along is not None else None, graphs=decoder.graphs)

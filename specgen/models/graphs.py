@@ -260,16 +260,19 @@ class StepGraphs:
             self.prompts = StepGraphs(self.model, self.kind, self.capture, self.strict, PROMPT_NODES)
         return self.prompts
 
-    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def call(self, key: tuple, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor],
+             shapes: dict[str, tuple[int, ...]] | None = None) -> tuple[torch.Tensor, ...]:
         """`fn(**static)` over static copies of `inputs` on the module's device, whose shapes `key` fixes: a replay of
-        the key's graph (captured on its first call). An input on the host is copied in straight from page-locked
-        memory, without waiting (`devices.copy_into`). The outputs are the graph's own buffers,
-        in the pool all this module's graphs share (another graph's replay may write them): read them before this
-        module's next call or forward."""
+        the key's graph (captured on its first call). An input named in `shapes` fills the leading block of a buffer of
+        that shape (the rest keeps what an earlier call left: zeros at first). An input on the host is copied in
+        straight from page-locked memory, without waiting (`devices.copy_into`). The outputs are the graph's own
+        buffers, in the pool all this module's graphs share (another graph's replay may write them): read them before
+        this module's next call or forward."""
+        shapes = shapes or {}
         static = self.graphs[key][0] if key in self.graphs else {
-            n: torch.empty(t.shape, dtype=t.dtype, device=self.device) for n, t in inputs.items()}
+            n: torch.zeros(shapes.get(n, t.shape), dtype=t.dtype, device=self.device) for n, t in inputs.items()}
         for name, t in inputs.items():
-            copy_into(static[name], t)
+            copy_into(static[name][tuple(map(slice, t.shape))] if name in shapes else static[name], t)
         return self.run(key, static, lambda: fn(**static), f"capture {key}")
 
     def run(self, key, static, step: Callable[[], tuple], what: str) -> tuple[torch.Tensor, ...]:

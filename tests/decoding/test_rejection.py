@@ -7,12 +7,16 @@ import random
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from specgen.decoding import accept
 from specgen.decoding.accept import accept_sampled
 from specgen.decoding.draft import Draft, Verdict
 from specgen.decoding.sampling import SamplingParams, inverse_cdf, logits_to_probs
 from specgen.decoding.tree import DraftTree
+from specgen.models import graphs
+from tests.conftest import tiny_model
+from tests.models.test_graphs import traced
 
 V = 6
 
@@ -138,6 +142,40 @@ def test_both_walks_are_the_textbook_walk_on_the_same_uniforms(seed, monkeypatch
     alone = [accept_sampled([d], logits[i : i + 1, : d.size + 1], T1, [g])[0] for i, (d, g)
              in enumerate(zip(drafts, gens()))]
     assert alone == want  # a row's verdict does not depend on its batch or its padding
+    monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
+    captures = graphs.attach(tiny_model(0), "on", capture=True)  # the batched walk replayed in a bucket (a GPU's)
+    assert accept_sampled(drafts, logits, T1, gens(), captures) == want
+    alone = [accept_sampled([d], logits[i : i + 1, : d.size + 1], T1, [g], captures)[0] for i, (d, g)
+             in enumerate(zip(drafts, gens()))]  # replays over what earlier calls left in the buckets' padding
+    assert alone == want
+    assert sum(captures.uses.values()) > captures.recorded  # replays, not captures alone
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, top_k=3, top_p=0.9), SamplingParams(0.7, top_p=0.8)],
+                         ids=["top-k", "top-p"])
+def test_the_captured_walk_reads_nothing_on_the_host_and_keeps_its_bucket_shape(params):
+    """`walked`, what a bucket's capture holds, run over fake tensors: a host read (a GPU sync, which a capture
+    refuses) raises there. Its top-k takes the tie path on every row rather than asking the host which rows tie."""
+    rows, width, vocab = 4, 8, 64
+    with FakeTensorMode() as mode:
+        logits, x = torch.randn(rows, width + 1, vocab), torch.zeros(rows, 3, width + 1)
+        out, = accept.walked(logits, x, params, rounds=3)
+    assert out.shape == (rows, width + 1) and mode is not None
+
+
+def test_a_filter_that_asks_the_host_which_rows_tie_fails_the_check():
+    """The control: the same harness refuses top-k's host path (`bool(tied.any())`)."""
+    with FakeTensorMode(), pytest.raises(Exception, match="[Dd]ata.dependent|item|local_scalar"):
+        logits_to_probs(torch.randn(4, 64), SamplingParams(1.0, top_k=3), host_reads=True)
+
+
+def test_top_ks_tie_path_on_every_row_gives_each_rows_probabilities():
+    """Without host reads every row takes both paths and keeps its own: the same probabilities as the host's choice
+    (a tied bfloat16 row and untied rows)."""
+    params = SamplingParams(temperature=1.0, top_k=5, top_p=0.9)
+    tied = torch.tensor([3.0, 2, 1, 1, 1, 1, 0] + [-5.0] * 57, dtype=torch.bfloat16)
+    rows = torch.stack([tied, *torch.randn(6, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)])
+    torch.testing.assert_close(logits_to_probs(rows, params, host_reads=False), logits_to_probs(rows, params))
 
 
 @WALKS

@@ -262,6 +262,44 @@ def test_static_steps_decode_what_eager_ar_decodes(name, gpu, batch, capture):
 
 
 @pytest.mark.parametrize("capture", ["traced"], indirect=True)
+@pytest.mark.parametrize("name", ["ar", "ngram", "eagle2"])
+def test_a_sampled_judge_replays_its_walk_and_draws_what_the_hosts_walk_draws(name, capture, monkeypatch):
+    """At T > 0 a GPU judges every row of a step in one replay of a walk the target captured (`accept.device_walks`,
+    its logits filtered inside: top-k, top-p): the tokens a CPU draws walking a node at a time, from the same uniforms
+    (text AR and n-gram chains, EAGLE-2's image trees; batch 2). Each later step replays its bucket's walk."""
+    from specgen.decoding import accept
+    from specgen.generate.image_methods import ImageParts, build_image_method
+    from specgen.models.eagle import EagleNet
+
+    def decode(walk_on_device: bool):
+        monkeypatch.setattr(accept, "HOST_WALK", frozenset() if walk_on_device else frozenset({"cpu"}))
+        if name != "eagle2":
+            model = tiny_model(0)
+            target = static_target(model, capture) if walk_on_device else ModelTarget(model)
+            got = run_batch(target, lambda i: DRAFTERS[name](), [PROMPT, PROMPT[:7]], 24,
+                            SamplingParams(1.0, top_k=20, top_p=0.9), generators=gens())
+            return [r.tokens for r in got.results], model
+        model = tiny_image_target(0)
+        torch.manual_seed(1)
+        net = EagleNet.from_target(model).eval()
+        if walk_on_device:
+            graphs.attach(model, "on", capture=capture)
+        parts = ImageParts(model, CFGTarget(model, 3.0), net, None, 4)
+        got = run_batch(parts.target, lambda i: build_image_method(name, parts, {})[0], [[0], [1]], 16,
+                        SamplingParams(1.0, top_k=50), generators=gens())
+        return [r.tokens for r in got.results], model
+
+    def gens() -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(7 + i) for i in range(2)]
+
+    want, _ = decode(False)
+    got, model = decode(True)
+    assert got == want
+    walks = {key: n for key, n in model.graphs.uses.items() if isinstance(key, tuple) and key[0] == "walk"}
+    assert sum(walks.values()) > len(walks)  # replays: a step's walk captured once a bucket
+
+
+@pytest.mark.parametrize("capture", ["traced"], indirect=True)
 def test_the_replay_emulation_freezes_what_a_capture_freezes(capture, monkeypatch):
     """The control: a step that reads Python state (here a call counter) decodes one way run uncaptured and another
     way replayed, where the value read at capture stays; so the emulated runs above can fail."""
