@@ -296,7 +296,9 @@ def text_cases(device: str) -> dict:
 
     return {"text ar B1 T0": run(EmptyDrafter, 1, 0.0), "text ar B4 T0": run(EmptyDrafter, 4, 0.0),
             "text ar run_ahead 8 B1 T0": run(lambda: EmptyDrafter(8), 1, 0.0),
-            "text ar B1 T1": run(EmptyDrafter, 1, 1.0), "text ngram B1 T0": run(NgramDrafter, 1, 0.0),
+            "text ar B1 T1": run(EmptyDrafter, 1, 1.0),
+            "text ar run_ahead 8 B1 T1": run(lambda: EmptyDrafter(8), 1, 1.0),
+            "text ngram B1 T0": run(NgramDrafter, 1, 0.0),
             "text ngram B4 T1": run(NgramDrafter, 4, 1.0), "text jacobi B1 T0": run(JacobiDrafter, 1, 0.0),
             "text pcllm-mr B1 T0": run(lambda: MultiBlockDrafter(MultiBlockOptions(block_size=4, num_blocks=1,
                                                                                    lookup=16)), 1, 0.0)}

@@ -183,11 +183,12 @@ def test_captured_steps_decode_what_eager_ar_decodes(method, defaults, batch):
     assert steps.replays > 0 and steps.eager_calls == 0 and steps.graph_bytes > 0
 
 
-@pytest.mark.parametrize("method", ["ar", "ngram", "pcllm-mr"])
-def test_a_sampled_judges_captured_walk_draws_what_its_eager_walk_draws(method):
+@pytest.mark.parametrize("method,options", [("ar", {}), ("ar", {"run_ahead": 4}), ("ngram", {}), ("pcllm-mr", {})],
+                         ids=["ar", "ar-run-ahead-4", "ngram", "pcllm-mr"])
+def test_a_sampled_judges_captured_walk_draws_what_its_eager_walk_draws(method, options):
     """T 1 with top-k and top-p, batch 3: --graphs on (each step's walk one replay of a capture in the target's,
-    `accept.device_walks`) against --graphs off (the walk's ops eager on the GPU): the same tokens from the same seeded
-    uniforms, and every walk was captured (a capture refuses a host read)."""
+    `accept.walked_rows`; AR's run_ahead draws each step's token so) against --graphs off (the walk's ops eager on the
+    GPU): the same tokens from the same seeded uniforms, and every walk was captured (a capture refuses a host read)."""
     from specgen.methods import run_batch
     from specgen.models import graphs
 
@@ -197,7 +198,8 @@ def test_a_sampled_judges_captured_walk_draws_what_its_eager_walk_draws(method):
 
     def sampled():
         gens = [torch.Generator().manual_seed(11 + i) for i in range(3)]
-        got = run_batch(gpu, lambda i: method_drafter(method, 0, True), prompts, NEW, params, generators=gens)
+        got = run_batch(gpu, lambda i: method_drafter(method, 0, True, **options), prompts, NEW, params,
+                        generators=gens)
         return [r.tokens for r in got.results]
 
     eager = sampled()

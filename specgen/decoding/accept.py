@@ -67,9 +67,24 @@ def host_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingPa
 
 def device_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
                  uniforms: list[list[float]], graphs: Replays | None = None) -> list[Verdict]:
-    """Every row at once on the logits' device (`walked`): one upload of the tokens, parents and uniforms, one read.
-    With `graphs`, one replay of a (rows, nodes) bucket's captured walk (the logits copied into its buffer: ~4
-    launches where the walk's ops are ~50); eager where no bucket holds the call."""
+    """Every row at once on the logits' device (`walked_rows`), read in one copy of N + 1 ints a row."""
+    out = walked_rows(drafts, logits, params, uniforms, graphs)  # [rows >= n, width + 1]
+    n, width = len(drafts), out.shape[1] - 1
+    read = (out if out.shape[0] == n else out[:n]).tolist()  # [n][width + 1]: the one read
+    verdicts = []
+    for d, row in zip(drafts, read):
+        path = tuple(c for c in range(d.size) if row[c])  # node order is root-to-leaf order on one path
+        verdicts.append(Verdict(path, tuple(d.tokens[c] for c in path) + (row[width],)))
+    return verdicts
+
+
+def walked_rows(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
+                uniforms: list[list[float]], graphs: Replays | None = None) -> torch.Tensor:
+    """The walks of every row on the logits' device, no host read: [rows, width + 1] int64 (rows >= n, width >= S - 1:
+    a bucket's, its padding after the real rows and nodes), the path mask over the nodes, then the last token. One
+    upload of the tokens, parents and uniforms; with `graphs`, one replay of a (rows, nodes) bucket's captured walk
+    (the logits copied into its buffer: ~4 launches where the walk's ops are ~50), eager where no bucket holds the
+    call. A replay's result is its graph's buffer: read or copy it before the target's next call."""
     n, s, vocab = logits.shape
     depth = max((d.tree.max_depth() for d in drafts), default=0)
     rounds = max(depth - 1, 0).bit_length()  # `walk`'s pointer-jumping rounds: 2^rounds >= depth
@@ -77,17 +92,10 @@ def device_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: Sampling
     rows, width = (n, s - 1) if bucket is None else bucket
     x = staged(drafts, uniforms, rows, width)  # [rows, 3, width + 1]
     if bucket is None:
-        out = walked(logits, to_device(x, logits.device), params, rounds)[0]
-    else:
-        key = ("walk", rows, width, vocab, logits.dtype, params, rounds)
-        out = graphs.call(key, partial(walked, params=params, rounds=rounds), {"logits": logits, "x": x},
-                          {"logits": (rows, width + 1, vocab)})[0]
-    read = (out if rows == n else out[:n]).tolist()  # [n][width + 1]: the one read
-    verdicts = []
-    for d, row in zip(drafts, read):
-        path = tuple(c for c in range(d.size) if row[c])  # node order is root-to-leaf order on one path
-        verdicts.append(Verdict(path, tuple(d.tokens[c] for c in path) + (row[width],)))
-    return verdicts
+        return walked(logits, to_device(x, logits.device), params, rounds)[0]
+    key = ("walk", rows, width, vocab, logits.dtype, params, rounds)
+    return graphs.call(key, partial(walked, params=params, rounds=rounds), {"logits": logits, "x": x},
+                       {"logits": (rows, width + 1, vocab)})[0]
 
 
 def walk_bucket(n: int, width: int) -> tuple[int, int] | None:

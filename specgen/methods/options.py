@@ -89,15 +89,10 @@ class Options:
 
 @dataclass(frozen=True)
 class ArOptions(Options):
-    """AR (`ar`): `run_ahead` greedy steps a host read (temperature 0; decoding/ar_steps.py): the same tokens, fewer
+    """AR (`ar`): `run_ahead` steps a host read, greedy or sampled (decoding/ar_steps.py): the same tokens, fewer
     host round trips where a step is a CUDA graph replay. 1: one step a read, as every method's."""
 
     run_ahead: int = opt(1, int_in(1, 64))
-
-    def check_use(self, modality: str, greedy: bool) -> None:
-        if self.run_ahead > 1 and not greedy:
-            raise UsageError("run_ahead (option of ar) needs --temperature 0: a sampled token is drawn on the host, "
-                             "so each step is read there")
 
 
 # --- text: the shared batched loop's option, Jacobi, n-gram, pcLLM multi-block ------------------------------------

@@ -18,7 +18,7 @@ from specgen.methods.options import JacobiOptions, NgramOptions
 
 class EmptyDrafter(DrafterBase):
     """Autoregressive decoding: the empty draft, so a step commits exactly one token; its rows run `ArSteps` (no
-    per-row drafts or verdicts), `run_ahead` > 1 (greedy): that many AR steps a loop step. As a Drafter (the empty
+    per-row drafts or verdicts), `run_ahead` > 1: that many AR steps a loop step. As a Drafter (the empty
     draft) it runs the generic draft-verify step that `ArSteps` is tested against."""
 
     def __init__(self, run_ahead: int = 1) -> None:

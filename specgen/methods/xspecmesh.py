@@ -45,7 +45,7 @@ class MeshDecoder:
         """Decode the meshes of point clouds pcs[i] [N_i, 6], `batch_size` at a time, on the shared batched loop
         (`on_done`, `on_tokens`: as `decode_batch`'s). Cloud i samples from generators[i] (the backbone's samples) and
         draft_generators[i] (head candidates), so its mesh does not depend on the batch. AR when there are no heads or
-        num_heads == 0 (`run_ahead`: its greedy steps a host read, `ar`'s option)."""
+        num_heads == 0 (`run_ahead`: its steps a host read, `ar`'s option)."""
         opts = opts or XSpecMeshOptions()
         d_max = 0 if self.heads is None else (opts.num_heads or self.heads.num_heads)
         if self.heads is not None and d_max > self.heads.num_heads:

@@ -1,5 +1,5 @@
 """`ar`'s step policy (`ArSteps`): the draft-verify of the empty draft's tokens, greedy and sampled; with run_ahead K, K
-greedy AR steps a host read decode AR's tokens, eagerly and as graph replays; refusals."""
+AR steps a host read decode AR's tokens, greedy and sampled, eagerly and as graph replays; refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from specgen.decoding.pool import EachRow
 from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import ModelTarget
 from specgen.errors import UsageError
-from specgen.eval.image_bench import ImageBenchConfig, checked_rows
 from specgen.generate.mesh import MeshGenConfig
 from specgen.generate.text import TextGenConfig
 from specgen.image.target import CFGTarget
@@ -28,17 +27,18 @@ from specgen.methods.xspecmesh import MeshDecoder
 from specgen.methods.xspecmesh_pool import mesh_rule
 from specgen.models import graphs
 from specgen.request import parse_request
-from tests.conftest import method_drafter, tiny_model
+from tests.conftest import host_reads_inside, method_drafter, tiny_model
 from tests.decoding.test_batched import ragged_prompts
 from tests.image.helpers import tiny_image_gpt
 from tests.mesh.mesh_fixtures import procedural_clouds, tiny_mesh_model
 from tests.models.test_graphs import static_target, traced
 
 
-def decode(target, prompts, n: int, run_ahead: int = 1, stop=(), batch_size: int = 0):
+def decode(target, prompts, n: int, run_ahead: int = 1, stop=(), batch_size: int = 0, params=SamplingParams()):
     streamed = {i: [] for i in range(len(prompts))}
-    res = run_batch(target, lambda i: method_drafter("ar", run_ahead=run_ahead), prompts, n, SamplingParams(), stop,
-                    batch_size=batch_size, on_tokens=lambda i, toks: streamed[i].extend(toks))
+    res = run_batch(target, lambda i: method_drafter("ar", run_ahead=run_ahead), prompts, n, params, stop,
+                    generators=seeded(len(prompts)), batch_size=batch_size,
+                    on_tokens=lambda i, toks: streamed[i].extend(toks))
     assert [streamed[i] for i in range(len(prompts))] == [r.tokens for r in res.results]  # streams what it returns
     return res
 
@@ -70,6 +70,8 @@ def test_ar_steps_decode_what_the_draft_verify_of_the_empty_draft_decodes(modali
     want = decode_batch(target, generic, prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
     got = decode_batch(target, ArSteps(), prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
     assert [r.tokens for r in got.results] == [r.tokens for r in want.results]
+    ahead = decode_batch(target, ArSteps(4), prompts, n, params, stop, generators=seeded(len(prompts)), batch_size=3)
+    assert [r.tokens for r in ahead.results] == [r.tokens for r in want.results]  # run_ahead 4: the same streams
     assert sum(len(r.tokens) for r in got.results) > 3 * len(prompts)
     if not params.greedy:  # the control: another stream draws other tokens
         other = decode_batch(target, ArSteps(), prompts, n, params, stop, generators=seeded(len(prompts))[::-1],
@@ -99,17 +101,21 @@ def test_every_modalitys_ar_runs_ar_steps():
     assert isinstance(seen[0], ArSteps)
 
 
-@pytest.mark.parametrize("k,batch_size", [(2, 0), (3, 2), (8, 0)])
-def test_run_ahead_decodes_what_ar_decodes_with_stops_and_budgets_mid_chunk(k, batch_size):
+@pytest.mark.parametrize("k,batch_size,params", [(2, 0, SamplingParams()), (3, 2, SamplingParams()),
+                                                 (8, 0, SamplingParams()), (3, 2, SamplingParams(temperature=1.0)),
+                                                 (8, 0, SamplingParams(temperature=0.8, top_k=20, top_p=0.9))],
+                         ids=["k2", "k3-b2", "k8", "k3-b2-t1", "k8-top-k-p"])
+def test_run_ahead_decodes_what_ar_decodes_with_stops_and_budgets_mid_chunk(k, batch_size, params):
     """Ragged rows, a budget that no chunk ends on, a stop token some rows meet mid-chunk, rows refilled (batch 2 of
-    5 prompts): every row's tokens are AR's."""
+    5 prompts): every row's tokens are AR's, greedy or sampled (each row's own stream)."""
     model, prompts = tiny_model(1), ragged_prompts(5, seed=3)
-    ar = decode(ModelTarget(model), prompts, 23, stop=(7,))
-    got = decode(ModelTarget(model), prompts, 23, k, stop=(7,), batch_size=batch_size)
+    ar = decode(ModelTarget(model), prompts, 23, stop=(7,), params=params)
+    got = decode(ModelTarget(model), prompts, 23, k, stop=(7,), batch_size=batch_size, params=params)
     assert [r.tokens for r in got.results] == [r.tokens for r in ar.results]
     assert any(len(r.tokens) < 23 for r in ar.results)  # the control: a stop token cut some row short
     for r, a in zip(got.results, ar.results):  # each step counts, none past a budget: AR's forwards unless it stopped
-        assert r.stats.tau == 1.0 and (r.stats.target_forwards == a.stats.target_forwards or 7 in r.tokens)
+        assert r.stats.tau == 1.0 or r.tokens == [7]  # (a sampled first token may stop a row before any step)
+        assert r.stats.target_forwards == a.stats.target_forwards or 7 in r.tokens
 
 
 def test_run_ahead_at_the_context_end_feeds_no_position_past_it():
@@ -122,20 +128,33 @@ def test_run_ahead_at_the_context_end_feeds_no_position_past_it():
         decode(ModelTarget(model), [prompt], n).results[0].tokens
 
 
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=20, top_p=0.9)],
+                         ids=["greedy", "top-k-p"])
 @pytest.mark.parametrize("capture", [False, True], ids=["static", "traced"])
-def test_run_ahead_steps_as_graph_replays_decode_what_eager_ar_decodes(capture, monkeypatch):
+def test_run_ahead_steps_as_graph_replays_decode_what_eager_ar_decodes(capture, params, monkeypatch):
+    """Every step a replay; sampled, each step's draw too (the walk captured in the target's graphs)."""
     if capture:  # the CPU replay emulation of a CUDA graph capture (tests/models/test_graphs.py)
         monkeypatch.setattr(graphs.StepGraphs, "captured", traced)
     prompts = ragged_prompts(3, seed=4)
-    eager = decode(ModelTarget(tiny_model(0)), prompts, 21)
+    eager = decode(ModelTarget(tiny_model(0)), prompts, 21, params=params)
     model = tiny_model(0)
-    got = decode(static_target(model, capture), prompts, 21, 4)
+    got = decode(static_target(model, capture), prompts, 21, 4, params=params)
     assert [r.tokens for r in got.results] == [r.tokens for r in eager.results]
-    assert model.graphs.eager_calls == 0 and model.graphs.replays == 4 * got.stats.steps
+    per_step = 4 if params.greedy else 8  # a forward a step, and a walk
+    assert model.graphs.eager_calls == 0 and model.graphs.replays == per_step * got.stats.steps
+
+
+def test_sampled_run_ahead_reads_the_host_once_a_loop_step(monkeypatch):
+    """Sampled with top-k and top-p: no host read inside a loop step's steps (each draw's filter and walk on the
+    device); the loop step's one read is `settle`'s."""
+    params, prompts = SamplingParams(temperature=0.8, top_k=20, top_p=0.9), ragged_prompts(2, seed=8)
+    ar = decode(ModelTarget(tiny_model(1)), prompts, 17, params=params)
+    reads, calls = host_reads_inside(monkeypatch, ArSteps)
+    got = decode(ModelTarget(tiny_model(1)), prompts, 17, 4, params=params)
+    assert [r.tokens for r in got.results] == [r.tokens for r in ar.results] and len(calls) > 3 and reads == []
 
 
 @pytest.mark.parametrize("options,modality,temperature,message", [
-    ({"run_ahead": 4}, "text", 0.7, "run_ahead .option of ar. needs --temperature 0"),
     ({"run_ahead": 0}, "text", 0.0, "run_ahead must be an integer in 1..64"),
     ({"run_ahead": 65}, "text", 0.0, "run_ahead must be an integer in 1..64"),
 ])
@@ -143,11 +162,5 @@ def test_run_ahead_is_refused_where_it_cannot_run(options, modality, temperature
     cfg = TextGenConfig(method="ar", method_options=options, temperature=temperature)
     with pytest.raises(UsageError, match=message):
         parse_request(cfg, modality)
-    assert parse_request(TextGenConfig(method="ar", method_options={"run_ahead": 4}), "text").options.run_ahead == 4
-
-
-def test_an_images_run_ahead_row_is_refused_at_a_sampled_temperature_before_any_model_loads():
-    rows = dict(methods=["ar", "ar@k8"], options={"ar@k8": {"run_ahead": 8}})
-    with pytest.raises(UsageError, match="run_ahead .option of ar. needs --temperature 0"):
-        checked_rows(ImageBenchConfig(**rows))  # the suite's default temperatures: 0 and 1
-    assert checked_rows(ImageBenchConfig(**rows, temperatures=[0.0])).methods == ["ar", "ar@k8"]
+    ok = TextGenConfig(method="ar", method_options={"run_ahead": 4}, temperature=0.7)  # sampled too
+    assert parse_request(ok, "text").options.run_ahead == 4
