@@ -351,7 +351,8 @@ def image_cases(device: str) -> dict:
             "image adt-tree B4 T0": run("adt-tree", 4, 0.0), "image eagle2 B1 T0": run("eagle2", 1, 0.0),
             "image eagle2 B1 T1": run("eagle2", 1, 1.0),  # T 0: issue 46's goal rows; T 1: sampling's reads
             "image adt-tree run_ahead 4 B1 T0": run("adt-tree", 1, 0.0, 4),  # a host read each 4 tree steps
-            "image eagle2 run_ahead 4 B1 T0": run("eagle2", 1, 0.0, 4)}
+            "image eagle2 run_ahead 4 B1 T0": run("eagle2", 1, 0.0, 4),
+            "image eagle2 run_ahead 4 B1 T1": run("eagle2", 1, 1.0, 4)}  # sampled: the walk inside `advance`
 
 
 VIEWS = frozenset({"view", "_unsafe_view", "view_as", "slice", "transpose", "expand", "expand_as", "unsqueeze",

@@ -343,15 +343,16 @@ def test_captured_image_trees_decode_what_eager_ar_decodes():
 def test_image_trees_run_ahead_decode_what_eager_ar_decodes(dtype):
     """EAGLE-2 and ADT-Tree with 4 tree steps a host read (`run_ahead`: each step's catch-up, growth, verdict and next
     pairs on the device, its rejected nodes hidden by the key mask until the read) on CUDA, a GPU's option defaults:
-    graphs-off AR's images at batch 1 and 2, every drafter step and `advance` captured (no host sync inside)."""
+    graphs-off AR's images at batch 1 and 2, every drafter step and `advance` captured (no host sync inside); at T 1,
+    EAGLE-2's per-step trees' images."""
     from specgen.generate.image import ImageGenConfig, generate_images, load_image_model
     from specgen.methods import get_method
     from specgen.methods.options import gpu_defaults
     from specgen.models import graphs
     from specgen.request import parse_request
 
-    def images(method, batch, **options):
-        cfg = ImageGenConfig(method=method, num=3, temperature=0.0, device="cuda", batch_size=batch,
+    def images(method, batch, temperature=0.0, **options):
+        cfg = ImageGenConfig(method=method, num=3, temperature=temperature, device="cuda", batch_size=batch,
                              method_options=gpu_defaults(get_method(method).options_type) | options)
         return [s.tokens for s in generate_images(im, parse_request(cfg, "image"))[0]]
 
@@ -362,6 +363,8 @@ def test_image_trees_run_ahead_decode_what_eager_ar_decodes(dtype):
     for method in ("eagle2", "adt-tree"):
         for batch in (1, 2):
             assert images(method, batch, run_ahead=4) == ar, (method, batch)
+    # sampled: EAGLE-2's per-step trees' images from the same seeds (each step's walk inside `advance`'s replay)
+    assert images("eagle2", 2, 1.0, run_ahead=4) == images("eagle2", 2, 1.0)
     for g in (im.model.graphs, im.drafter_net.graphs):
         steps = [graph for key, (_, graph, _) in g.graphs.items() if isinstance(key, tuple) and key[0] == "tree-ahead"]
         assert steps and all(graph is not None for graph in steps)

@@ -1,5 +1,6 @@
-"""Lossless greedy EAGLE trees with `run_ahead` tree steps a host read: each step's drafter catch-up, growth, verdict
-and next pairs made on the device, its rejected nodes hidden (the target cache's key mask) until the read commits."""
+"""Lossless EAGLE trees with `run_ahead` tree steps a host read: each step's drafter catch-up, growth, verdict (greedy
+or sampled) and next pairs made on the device, its rejected nodes hidden (the target cache's key mask) until the read
+commits."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Callable
 
 import torch
 
+from specgen.decoding.accept import walk
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PolicyBase, RowStep
+from specgen.decoding.sampling import SamplingParams, logits_to_probs
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
@@ -31,7 +34,7 @@ class AheadTreeDrafter(EagleTreeDrafter):
 
     def step_policy(self, make: Callable[[int], EagleTreeDrafter], target, rule, budget) -> "TreeAhead":
         if rule is not judge:
-            raise UsageError("run_ahead (option of eagle2, adt-tree) needs the lossless greedy rule")
+            raise UsageError("run_ahead (option of eagle2, adt-tree) needs the lossless rule")
         return TreeAhead(EagleBatch(make, self.policy.largest.total_tokens), self.run_ahead, target)
 
 
@@ -44,7 +47,8 @@ class TreeState:
     drafter's committed slots (the root is the last pair's token, at the last pair's position); each row's first
     target slot of the loop step [C] and tree shape ints [3, C] (top-k, depth, kept nodes); the last growth's verify
     tokens [C, N] and tree mask [C, N, N] (N: the most nodes a step verifies, its root's included; `advance` reads
-    them); each step's emitted tokens and kept nodes [C, K, M] and emitted counts [C, K]."""
+    them); each step's emitted tokens and kept nodes [C, K, M] and emitted counts [C, K]; sampled, each step's
+    uniforms [C, K, N] (`plan`: a row's node uniforms, then its last token's at column S - 1 of the step's S)."""
 
     features: torch.Tensor
     tokens: torch.Tensor
@@ -56,6 +60,7 @@ class TreeState:
     emitted: torch.Tensor
     path: torch.Tensor
     counts: torch.Tensor
+    uniforms: torch.Tensor
 
     @classmethod
     def allocate(cls, width: int, branches: int, m: int, nodes: int, dim: int, steps: int, dtype,
@@ -64,11 +69,12 @@ class TreeState:
         return cls(torch.zeros(2, width * branches, m, dim, dtype=dtype, device=device), ints(2, width, m),
                    ints(2, 3, width), ints(width), ints(3, width), ints(width, nodes),
                    torch.zeros(width, nodes, nodes, dtype=torch.bool, device=device), ints(width, steps, m),
-                   ints(width, steps, m), ints(width, steps))
+                   ints(width, steps, m), ints(width, steps),
+                   torch.zeros(width, steps, nodes, dtype=torch.float32, device=device))
 
 
 class TreeAhead(PolicyBase):
-    """EAGLE-2's or ADT-Tree's trees, `steps` tree steps a loop step (temperature 0, the lossless greedy rule), on a
+    """EAGLE-2's or ADT-Tree's trees, `steps` tree steps a loop step (the lossless rule, greedy or sampled), on a
     drafter and target with captured (or static: `graphs.attach`) steps. Step j of a loop step: 1. the drafter's
     catch-up over the pending pairs of step j - 1 (a fixed M = the deepest tree + 1 columns, the real m first: the
     next ones go to slot prefix + m, over the padding) and its tree growth in one drafter replay; 2. the target's
@@ -78,7 +84,8 @@ class TreeAhead(PolicyBase):
     on it and whose token is the parent's pick), the tokens it emits, its rejected nodes hidden, and the next pending
     pairs (the path's features and the tokens after them). The host reads every step's tokens and paths once; the
     loop then commits the kept slots. Each row's tree shape stays fixed over a loop step (ADT-Tree adapts between
-    them: `observe` after the read)."""
+    them: `observe` after the read). Sampled, the verdict is `accept_sampled`'s walk (`accept.walk`) over uniforms
+    each row drew in `plan`, in the order and number the per-step judge draws them, so a seed gives its tokens."""
 
     def __init__(self, pool: EagleBatch, steps: int, target: Target) -> None:
         first = pool.make(0)
@@ -94,6 +101,7 @@ class TreeAhead(PolicyBase):
         self.chunk = steps
         self.turn = 0
         self.state: TreeState | None = None
+        self.params = SamplingParams()  # the loop step's (`plan`)
 
     def open(self, width: int, max_len: int) -> None:
         self.pool.open(width, max_len)
@@ -118,7 +126,7 @@ class TreeAhead(PolicyBase):
     def start(self, slot: int, first: TargetOut, params, generator, stats) -> list[int]:
         """The first token from the prefill (`PolicyBase.start`), and the row's first pending pair: (f of the
         prompt's last position, that token) at the token's position, none of the drafter's slots committed."""
-        check_ahead(self.steps, "fixed", params.greedy)  # the options' rule, for callers that skip their check
+        check_ahead(self.steps, "fixed")  # the options' rule, for callers that skip their check
         tokens = super().start(slot, first, params, generator, stats)
         st, br, t = self.state, self.pool.br, self.turn
         st.features[t, slot * br : (slot + 1) * br, 0] = first.features[:, -1]  # [br, D]: the prompt's last f
@@ -156,7 +164,23 @@ class TreeAhead(PolicyBase):
             self.plan_ = GrowPlan.bucketed([max(x, 1) for x in k], [replace(s, depth=max(s.depth, 1))
                                                                     for s in self.shapes], self.pool.vocab)
             self.state.shape[:, :n] = host_tensor([k, depth, self.counts], self.state.shape.device)
+        self.params = params
+        if not params.greedy:
+            with clock("accept"):
+                self.stage_uniforms(generators)
         return [RowStep(seq[-1]) for seq in seqs]
+
+    def stage_uniforms(self, generators) -> None:
+        """Each row's uniforms for the loop step's trees, drawn from its generator as the per-step judge draws them
+        (`accept_sampled`: N + 1 a step, its N nodes' and the last token's), staged at the state's fixed address."""
+        s, host = 1 + max(self.counts), []
+        for g, c in zip(generators, self.counts):
+            steps = []
+            for _ in range(self.chunk):
+                u = torch.rand(c + 1, generator=g, device=None if g is None else g.device).tolist()
+                steps.append(u[:-1] + [0.0] * (s - 1 - c) + u[-1:])
+            host.append(steps)
+        self.state.uniforms[:len(host), :self.chunk, :s] = host_tensor(host, self.state.uniforms.device)
 
     def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
         """2. `chunk` tree steps over every live row, none read: step j's drafter replay, verify and `advance`."""
@@ -181,7 +205,8 @@ class TreeAhead(PolicyBase):
             out = target.forward(tokens, positions, view, mask)
             inputs = {"logits": out.logits, "features": out.features}
             step = lambda turn=self.turn, j=j, mask=view.key_mask, **x: self.advance(turn, j, n, s, mask, **x)  # noqa
-            masked_call(self.target_graphs, view.key_mask, ("tree-ahead", *self.held, n, s, j, self.turn), step, inputs)
+            key = ("tree-ahead", *self.held, n, s, j, self.turn, self.params, self.rounds())
+            masked_call(self.target_graphs, view.key_mask, key, step, inputs)
             self.turn = 1 - self.turn
         view.lengths = lengths
         self.view, self.s = view, s
@@ -231,17 +256,24 @@ class TreeAhead(PolicyBase):
         st, br, mc = self.state, self.pool.br, self.m
         tokens, seen = st.tree_tokens[:n, :s], st.tree_mask[:n, :s, :s]  # [n, S], [n, S, S]
         on = tokens.device
-        picks = logits.argmax(-1)  # [n, S]
         depth = seen.sum(2) - 1  # [n, S]: a padding node sees itself alone (depth 0, as the root)
         parent = (seen & (depth[:, None, :] == depth[:, :, None] - 1)).int().argmax(2)  # [n, S]: the root's 0
         real = torch.arange(s, device=on) <= st.shape[2, :n, None]  # [n, S]: the root and the row's kept nodes
-        match = real & ((tokens == picks.gather(1, parent)) | (depth == 0))  # [n, S]: its parent's pick, or the root
-        on_path = ~(seen & ~match[:, None, :]).any(2)  # [n, S]: itself and every ancestor matched
+        if self.params.greedy:
+            picks = logits.argmax(-1)  # [n, S]
+            match = real & ((tokens == picks.gather(1, parent)) | (depth == 0))  # [n, S]: its parent's pick, or root
+            on_path = ~(seen & ~match[:, None, :]).any(2)  # [n, S]: itself and every ancestor matched
+        else:  # the sampled judge's walk: its nodes' parents (-1: padding) and the loop step's uniforms
+            probs = logits_to_probs(logits, self.params, host_reads=False)  # [n, S, V]
+            node_parent = torch.where(real[:, 1:], parent[:, 1:], -1)  # [n, S - 1]
+            walked, last = walk(probs, tokens[:, 1:], node_parent, st.uniforms[:n, j, :s], self.rounds())
+            on_path = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=on), walked], 1)  # [n, S]: root, path
         levels = torch.arange(mc, device=on)
         at = on_path[:, None, :] & (depth[:, None, :] == levels[None, :, None])  # [n, M, S]: the path node at depth d
         path = at.int().argmax(2)  # [n, M]: its node (0 past the path's end)
         accepted = on_path.sum(1) - 1  # [n]: a
-        bonus = picks.gather(1, path.gather(1, accepted[:, None]))  # [n, 1]: the pick at the path's last node
+        # [n, 1]: the pick at the path's last node, or the walk's last draw
+        bonus = picks.gather(1, path.gather(1, accepted[:, None])) if self.params.greedy else last[:, None]
         after = tokens.gather(1, torch.cat([path[:, 1:], path[:, :1]], 1))  # [n, M]: the node after depth d's
         emit = torch.where(levels < accepted[:, None], after, bonus)  # [n, M]: a path tokens, then the pick
         st.emitted[:n, j] = emit
@@ -256,6 +288,10 @@ class TreeAhead(PolicyBase):
         st.ints[1 - turn, 0, :n] = accepted + 1
         st.ints[1 - turn, 1, :n] = start + m
         return ()
+
+    def rounds(self) -> int:
+        """The sampled walk's pointer-jumping rounds for the loop step's trees (`accept.walk`: 2^rounds >= depth)."""
+        return max(max(s.depth for s in self.shapes) - 1, 0).bit_length()
 
     def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
         """3. The one host read of every step's tokens, kept nodes and the drafter's committed slots; the slots to

@@ -187,15 +187,12 @@ class TreeShapeOptions(Options):
     total_tokens: int = opt(16, int_at_least(1), gpu=GPU_TREE_NODES)
 
 
-def check_ahead(run_ahead: int, budget: str, greedy: bool | None = None) -> None:
-    """EAGLE-2's and ADT-Tree's `run_ahead` > 1 (that many tree steps a host read, lossless greedy:
-    methods/eagle_ahead.py) grows a loop step's trees on the device: a fixed budget, temperature 0."""
+def check_ahead(run_ahead: int, budget: str) -> None:
+    """EAGLE-2's and ADT-Tree's `run_ahead` > 1 (that many tree steps a host read, the lossless rule:
+    methods/eagle_ahead.py) grows a loop step's trees on the device: a fixed budget."""
     if run_ahead > 1 and budget != "fixed":
         raise UsageError("run_ahead (option of eagle2, adt-tree) needs budget=fixed: a loop step's trees are grown on "
                          "the device")
-    if run_ahead > 1 and greedy is False:
-        raise UsageError("run_ahead (option of eagle2, adt-tree) needs --temperature 0: each step's verdict is made "
-                         "on the device, by the greedy rule")
 
 
 def lossless_ahead(run_ahead: int, method: str) -> None:
@@ -214,9 +211,6 @@ class TreeOptions(TreeShapeOptions):
 
     def check(self) -> None:
         check_ahead(self.run_ahead, self.budget)
-
-    def check_use(self, modality: str, greedy: bool) -> None:
-        check_ahead(self.run_ahead, self.budget, greedy)
 
 
 @dataclass(frozen=True)
@@ -256,9 +250,6 @@ class AdtOptions(Options):
     init: str = opt("horizontal", one_of("horizontal", "vertical", "random"))  # first row/column start of an image
     seed: int = opt(0, SEED)
     run_ahead: int = opt(1, int_in(1, 64))  # `check_ahead`
-
-    def check_use(self, modality: str, greedy: bool) -> None:
-        check_ahead(self.run_ahead, self.budget, greedy)
 
     def check(self) -> None:
         """The depth and width bounds leave room to adapt, and the first tree lies strictly inside them; `run_ahead`'s

@@ -38,8 +38,43 @@ def shipped():
 
 def decode(parts: ImageParts, method: str, options: dict, batch: int, new: int = 0, params=SamplingParams()):
     rule = build_image_method(method, parts, options)[1]
+    gens = [torch.Generator().manual_seed(40 + i) for i in range(len(LABELS))]
     return run_batch(parts.target, lambda i: build_image_method(method, parts, options)[0], LABELS,
-                     new or parts.grid ** 2, params, batch_size=batch, rule=rule).results
+                     new or parts.grid ** 2, params, batch_size=batch, rule=rule, generators=gens).results
+
+
+SAMPLED = [SamplingParams(1.0), SamplingParams(0.8, top_k=50, top_p=0.9)]
+
+
+@pytest.mark.parametrize("params", [pytest.param(SAMPLED[0], marks=pytest.mark.slow), SAMPLED[1]],
+                         ids=["t1", "top-k-p"])
+def test_sampled_eagle2_run_ahead_draws_what_its_per_step_trees_draw(shipped, params):
+    """Sampled: each row's uniforms drawn in `plan` in the per-step judge's order, each step's walk on the device
+    (`accept.walk` inside `advance`): the per-step trees' tokens and accepted counts, at batch 2 (an admission into a
+    freed slot) and near the budget (fewer steps, depths cut); the control: other seeds, other images."""
+    parts, _ = shipped
+    for new in (64, 7):
+        each = decode(parts, "eagle2", {}, 2, new, params)
+        ahead = decode(parts, "eagle2", {"run_ahead": 3}, 2, new, params)
+        assert [r.tokens for r in ahead] == [r.tokens for r in each], new
+        assert [r.stats.accepted for r in ahead] == [r.stats.accepted for r in each], new
+        assert new < 64 or sum(sum(r.stats.accepted) for r in each) > 20  # the walk accepted often
+    other = run_batch(parts.target, lambda i: build_image_method("eagle2", parts, {"run_ahead": 3})[0], LABELS,
+                      7, params, batch_size=2, rule=build_image_method("eagle2", parts, {})[1]).results
+    assert [r.tokens for r in other] != [r.tokens for r in ahead]
+
+
+def test_sampled_adt_tree_run_ahead_accepts_as_its_per_step_trees(shipped):
+    """ADT-Tree's shapes adapt once a loop step (after its read) where its per-step trees adapt every step, so a seed
+    draws other trees and tokens: lossless all the same (each step's shape is fixed before its uniforms are read). Its
+    acceptance stays near the per-step trees' (a broken walk accepts nothing or everything)."""
+    parts, _ = shipped
+    params = SAMPLED[1]
+    each = decode(parts, "adt-tree", {}, 2, 128, params)
+    ahead = decode(parts, "adt-tree", {"run_ahead": 3}, 2, 128, params)
+    accepted = [sum(sum(r.stats.accepted) for r in rs) for rs in (each, ahead)]
+    assert accepted[0] > 50 and abs(accepted[1] - accepted[0]) < 0.2 * accepted[0], accepted
+    assert all(len(r.tokens) == 128 for r in ahead)
 
 
 @pytest.mark.parametrize("batch,ks", [(2, (2, 5)), (1, (4,))])
@@ -74,18 +109,21 @@ def test_run_ahead_near_the_budget_cuts_the_trees_and_stays_ar(shipped):
         assert [r.tokens for r in got] == [t[:new] for t in ar]
 
 
-def test_run_ahead_reads_the_host_once_a_loop_step(shipped, monkeypatch):
-    """No host read inside a loop step's tree steps; the loop step's one read is `settle`'s."""
+@pytest.mark.parametrize("params", [SamplingParams(), SAMPLED[1]], ids=["greedy", "top-k-p"])
+def test_run_ahead_reads_the_host_once_a_loop_step(shipped, monkeypatch, params):
+    """No host read inside a loop step's tree steps (sampled: the walk's filter and draws too); the loop step's one
+    read is `settle`'s."""
     parts, ar = shipped
     reads, calls = host_reads_inside(monkeypatch, TreeAhead)
-    got = decode(parts, "eagle2", {"run_ahead": 4}, 1)
-    assert [r.tokens for r in got] == ar and len(calls) > 5 and reads == []
+    got = decode(parts, "eagle2", {"run_ahead": 4}, 1, 0 if params.greedy else 64, params)
+    assert ([r.tokens for r in got] == ar or not params.greedy) and len(calls) > 5 and reads == []
 
 
 @pytest.mark.parametrize("capture", ["static", "traced"], indirect=True)
 def test_run_ahead_through_traced_steps_decodes_ar(capture):  # noqa: F811  (the fixture)
     """A random drafter over traced steps (as captured: the drafter's step and `advance` replays, rerun by the
-    capture's warm-up without effect), batch 2 then 1: greedy AR's tokens, and a second call replays."""
+    capture's warm-up without effect), batch 2 then 1: greedy AR's tokens, and a second call replays; sampled, the
+    per-step trees' tokens."""
     model = tiny_image_target(0)
     target = CFGTarget(model, 3.0)
     ar = [r.tokens for r in run_batch(target, lambda i: EmptyDrafter(), LABELS, 16, SamplingParams()).results]
@@ -99,6 +137,10 @@ def test_run_ahead_through_traced_steps_decodes_ar(capture):  # noqa: F811  (the
     for batch in (2, 1):
         got = decode(parts, "eagle2", {"run_ahead": 3, "depth": 3, "top_k": 2, "total_tokens": 8}, batch, 16)
         assert [r.tokens for r in got] == ar, batch
+    shape = {"depth": 3, "top_k": 2, "total_tokens": 8}
+    each = decode(parts, "eagle2", shape, 2, 16, SAMPLED[1])
+    got = decode(parts, "eagle2", {**shape, "run_ahead": 3}, 2, 16, SAMPLED[1])
+    assert [r.tokens for r in got] == [r.tokens for r in each]
     assert any(isinstance(key, tuple) and key[0] == "tree-ahead" for key in net.graphs.graphs)
 
 
@@ -109,8 +151,6 @@ def test_run_ahead_refuses_what_is_not_lossless_greedy_on_captured_steps(shipped
         spec.parse_options({"run_ahead": 2})
     with pytest.raises(UsageError, match="run_ahead .* needs budget=fixed"):
         get_method("adt-tree").parse_options({"run_ahead": 2, "budget": "auto"})
-    with pytest.raises(UsageError, match="run_ahead .* needs --temperature 0"):
-        get_method("eagle2").parse_options({"run_ahead": 2}).check_use("image", greedy=False)
     eager = ImageParts(tiny_image_target(0), CFGTarget(tiny_image_target(0), 3.0), parts.drafter_net, None, 4)
     with pytest.raises(UsageError, match="run_ahead .* needs captured steps"):
         decode(eager, "eagle2", {"run_ahead": 2}, 1, 4)
