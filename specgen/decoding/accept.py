@@ -45,11 +45,22 @@ def accept_sampled(drafts: Sequence[Draft], logits: torch.Tensor, params: Sampli
     rejections, or p where none). On a HOST_WALK device a node at a time (`host_walks`), elsewhere every row at once
     (`device_walks`, a replay of the target's `graphs` where given): one upload (tokens, parents, uniforms) and one
     read of N + 1 ints a row, not [S, V] distributions."""
-    uniforms = [torch.rand(d.size + 1, generator=g, device=None if g is None else g.device).tolist()
-                for d, g in zip(drafts, generators)]  # [n][N_i + 1]
+    uniforms = [draft_uniforms(d.size, g) for d, g in zip(drafts, generators)]  # [n][N_i + 1]
     if logits.device.type in HOST_WALK:
         return host_walks(drafts, logits, params, uniforms)
     return device_walks(drafts, logits, params, uniforms, graphs)
+
+
+def draft_uniforms(size: int, generator: torch.Generator | None) -> list[float]:
+    """A judged step's size + 1 uniforms from its row's generator: its nodes', then its last token's. Every lossless
+    sampled step draws so (here, and ahead of the step where the device judges: `ArSteps`, `TreeAhead`), so a seed
+    gives the same tokens on every path."""
+    return torch.rand(size + 1, generator=generator, device=None if generator is None else generator.device).tolist()
+
+
+def padded(u: list[float], width: int) -> list[float]:
+    """A step's uniforms [N + 1] laid out for a walk of `width` nodes: its nodes', zeros, the last token's at `width`."""
+    return u[:-1] + [0.0] * (width + 1 - len(u)) + u[-1:]
 
 
 def host_walks(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingParams,
@@ -112,7 +123,7 @@ def staged(drafts: Sequence[Draft], uniforms: list[list[float]], rows: int, widt
     for d, u in zip(drafts, uniforms):
         pad = [0] * (width - d.size)
         host.append([[*d.tokens, *pad, 0], [p + 1 for p in d.tree.parents] + [-1] * (width + 1 - d.size),
-                     u[:-1] + pad + u[-1:]])
+                     padded(u, width)])
     host += [[[0] * (width + 1), [-1] * (width + 1), [0.0] * (width + 1)]] * (rows - len(drafts))
     return torch.tensor(host, dtype=torch.float32)
 

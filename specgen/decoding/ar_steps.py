@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specgen.decoding.accept import accept_sampled, walked_rows
+from specgen.decoding.accept import accept_sampled, draft_uniforms, walked_rows
 from specgen.decoding.draft import Draft
 from specgen.decoding.pool import PolicyBase, RowStep
 from specgen.decoding.sampling import SamplingParams
@@ -41,8 +41,8 @@ class ArSteps(PolicyBase):
         self.chunk = min(self.steps, 1 + min(budgets))  # budgets[i]: tokens row i may still add beyond one
         self.params, self.drawn, sampled = params, None, self.chunk > 1 and not params.greedy
         with clock("accept"):  # each row's uniforms in its generator's order: one a step, as `accept_sampled` draws
-            self.uniforms = [[float(torch.rand(1, generator=g, device=None if g is None else g.device))
-                              for _ in range(self.chunk)] for g in generators] if sampled else []
+            self.uniforms = [[draft_uniforms(0, g)[0] for _ in range(self.chunk)] for g in generators] \
+                if sampled else []
         return [RowStep(seq[-1]) for seq in seqs]  # 1. every live row feeds its last token
 
     def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from specgen.decoding.accept import walk
+from specgen.decoding.accept import draft_uniforms, padded, walk
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PolicyBase, RowStep
@@ -173,13 +173,9 @@ class TreeAhead(PolicyBase):
     def stage_uniforms(self, generators) -> None:
         """Each row's uniforms for the loop step's trees, drawn from its generator as the per-step judge draws them
         (`accept_sampled`: N + 1 a step, its N nodes' and the last token's), staged at the state's fixed address."""
-        s, host = 1 + max(self.counts), []
-        for g, c in zip(generators, self.counts):
-            steps = []
-            for _ in range(self.chunk):
-                u = torch.rand(c + 1, generator=g, device=None if g is None else g.device).tolist()
-                steps.append(u[:-1] + [0.0] * (s - 1 - c) + u[-1:])
-            host.append(steps)
+        s = 1 + max(self.counts)
+        host = [[padded(draft_uniforms(c, g), s - 1) for _ in range(self.chunk)]
+                for g, c in zip(generators, self.counts)]
         self.state.uniforms[:len(host), :self.chunk, :s] = host_tensor(host, self.state.uniforms.device)
 
     def forward(self, target: Target, cache: KVCache, feeds: dict[int, tuple[int, Draft]]) -> Span:
