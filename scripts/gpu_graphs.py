@@ -148,16 +148,17 @@ def text_rows(new: int) -> None:
     target = ModelTarget(model)
     target.device = DEVICE
 
-    def run(drafter, ps, b=1, n=new):
-        return run_batch(target, lambda i: drafter(), ps, n, SamplingParams(), batch_size=b)
+    def run(drafter, ps, b=1, n=new, params=SamplingParams()):
+        gens = [torch.Generator().manual_seed(i) for i in range(len(ps))]  # a sampled row's draws: seeded per prompt
+        return run_batch(target, lambda i: drafter(), ps, n, params, batch_size=b, generators=gens)
 
-    def measured(drafter, ps, b=1):
+    def measured(drafter, ps, b=1, params=SamplingParams()):
         """(result, seconds, first-run facts) of a second run of the same prompts: the first captures every shape
         they meet (widths, buckets), a one-time cost reported apart, and the timed run should capture none."""
         held = g.captures if g else 0
-        first_s = first_runs(lambda: run(drafter, ps, b), g is not None)
+        first_s = first_runs(lambda: run(drafter, ps, b, params=params), g is not None)
         held, first = (g.captures, g.captures - held) if g else (0, 0)
-        res, s = timed(lambda: run(drafter, ps, b))
+        res, s = timed(lambda: run(drafter, ps, b, params=params))
         return res, s, {"first_run_s": first_s, "first_run_captures": first,
                         "timed_captures": (g.captures - held) if g else 0}
 
@@ -181,6 +182,13 @@ def text_rows(new: int) -> None:
     row(suite="text", row="ar run_ahead 8 --graphs on", tok_s=tokens / s_ra, vs_off=s_off / s_ra, vs_ar=s_on / s_ra,
         exact=exact(res, base), **first)
     busy("ar run_ahead 8", gpu, s_ra / tokens)
+    t1 = SamplingParams(1.0)  # sampled: each step's draw a walk in the target's graphs (run_ahead: fed on the device)
+    res, s_t1, first = measured(EmptyDrafter, prompts, params=t1)
+    row(suite="text", row="ar --graphs on, T 1", tok_s=tokens / s_t1, vs_ar=s_on / s_t1, **first)
+    sampled = [r.tokens for r in res.results]
+    res, s, first = measured(ahead, prompts, params=t1)
+    row(suite="text", row="ar run_ahead 8 --graphs on, T 1", tok_s=tokens / s, vs_ar=s_t1 / s,
+        exact=exact(res, sampled), **first)
     ng = lambda: NgramDrafter(NgramOptions(**gpu_defaults(NgramOptions)))  # noqa: E731  (16 tokens, n-grams 3..1)
     res, s, first = measured(ng, prompts)
     row(suite="text", row="ngram --graphs on (random weights)", tok_s=tokens / s, vs_off=s_off / s, vs_ar=s_on / s,

@@ -85,7 +85,8 @@ def test_the_profile_step_reports_each_case_on_the_cpu():
             part = line.split()[0]
         elif line.startswith("  ") and part:
             rows[part].append(float(line.split()[-1]))  # a kernel's share of the step; a function's ms a step
-    assert len(rows["kernel"]) == 3 * len(cases) and all(0 < s <= 1 for s in rows["kernel"])  # --top 3 a case
+    # --top 3 a case; a share printed to 2 decimals reads 0.00 for a short kernel (seen with another test beside it)
+    assert len(rows["kernel"]) == 3 * len(cases) and all(0 <= s <= 1 for s in rows["kernel"])
     assert len(rows["python"]) == 3 * len(cases) and all(ms >= 0 for ms in rows["python"])
     # the captures run through the replay emulation on the CPU, so every decoding case has replays to launch alone;
     # a prefill alone replays none (its chunks are the prompts' own: none for a mesh's one start position)
