@@ -59,7 +59,7 @@ def draft_uniforms(size: int, generator: torch.Generator | None) -> list[float]:
 
 
 def padded(u: list[float], width: int) -> list[float]:
-    """A step's uniforms [N + 1] laid out for a walk of `width` nodes: its nodes', zeros, the last token's at `width`."""
+    """A step's uniforms [N + 1] laid out for a walk of `width` nodes: its nodes', zeros, the last one at `width`."""
     return u[:-1] + [0.0] * (width + 1 - len(u)) + u[-1:]
 
 
@@ -97,8 +97,7 @@ def walked_rows(drafts: Sequence[Draft], logits: torch.Tensor, params: SamplingP
     (the logits copied into its buffer: ~4 launches where the walk's ops are ~50), eager where no bucket holds the
     call. A replay's result is its graph's buffer: read or copy it before the target's next call."""
     n, s, vocab = logits.shape
-    depth = max((d.tree.max_depth() for d in drafts), default=0)
-    rounds = max(depth - 1, 0).bit_length()  # `walk`'s pointer-jumping rounds: 2^rounds >= depth
+    rounds = walk_rounds(max((d.tree.max_depth() for d in drafts), default=0))
     bucket = None if graphs is None else walk_bucket(n, s - 1)
     rows, width = (n, s - 1) if bucket is None else bucket
     x = staged(drafts, uniforms, rows, width)  # [rows, 3, width + 1]
@@ -132,9 +131,20 @@ def walked(logits: torch.Tensor, x: torch.Tensor, params: SamplingParams, rounds
     """`walk` over a verify's logits [n, S, V] filtered on the device (no host read: a captured step's) and the staged
     inputs x [n, 3, S] (`staged`) -> [n, S]: the path mask over the S - 1 nodes, then the last token."""
     width = logits.shape[1] - 1
-    tok, parent = x[:, 0, :width].long(), x[:, 1, :width].long()
-    on, last = walk(logits_to_probs(logits, params, host_reads=False), tok, parent, x[:, 2], rounds)
+    on, last = device_walk(logits, params, x[:, 0, :width].long(), x[:, 1, :width].long(), x[:, 2], rounds)
     return (torch.cat([on.long(), last[:, None]], 1),)
+
+
+def device_walk(logits: torch.Tensor, params: SamplingParams, tok: torch.Tensor, parent: torch.Tensor,
+                u: torch.Tensor, rounds: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`walk` over logits [n, S, V] filtered by `params` without a host read (`host_reads=False`), so that a captured
+    step may run it (the walked judge's, `TreeAhead.advance`'s)."""
+    return walk(logits_to_probs(logits, params, host_reads=False), tok, parent, u, rounds)
+
+
+def walk_rounds(depth: int) -> int:
+    """`walk`'s pointer-jumping rounds for trees at most `depth` deep: 2^rounds >= depth."""
+    return max(depth - 1, 0).bit_length()
 
 
 def walk_row(draft: Draft, rows: LazyRows, u: list[float]) -> tuple[tuple[int, ...], torch.Tensor]:

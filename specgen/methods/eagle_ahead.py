@@ -9,11 +9,11 @@ from typing import Callable
 
 import torch
 
-from specgen.decoding.accept import draft_uniforms, padded, walk
+from specgen.decoding.accept import device_walk, draft_uniforms, padded, walk_rounds
 from specgen.decoding.draft import Draft
 from specgen.decoding.draft_verify import judge
 from specgen.decoding.pool import PolicyBase, RowStep
-from specgen.decoding.sampling import SamplingParams, logits_to_probs
+from specgen.decoding.sampling import SamplingParams
 from specgen.decoding.target import Target, TargetOut
 from specgen.decoding.verify import Span
 from specgen.devices import host_tensor
@@ -84,8 +84,9 @@ class TreeAhead(PolicyBase):
     on it and whose token is the parent's pick), the tokens it emits, its rejected nodes hidden, and the next pending
     pairs (the path's features and the tokens after them). The host reads every step's tokens and paths once; the
     loop then commits the kept slots. Each row's tree shape stays fixed over a loop step (ADT-Tree adapts between
-    them: `observe` after the read). Sampled, the verdict is `accept_sampled`'s walk (`accept.walk`) over uniforms
-    each row drew in `plan`, in the order and number the per-step judge draws them, so a seed gives its tokens."""
+    them: `observe` after the read). Sampled, the verdict is `accept_sampled`'s walk (`accept.device_walk`) over
+    uniforms each row drew in `plan`, in the order and number the per-step judge draws them, so a seed gives its
+    tokens."""
 
     def __init__(self, pool: EagleBatch, steps: int, target: Target) -> None:
         first = pool.make(0)
@@ -260,9 +261,9 @@ class TreeAhead(PolicyBase):
             match = real & ((tokens == picks.gather(1, parent)) | (depth == 0))  # [n, S]: its parent's pick, or root
             on_path = ~(seen & ~match[:, None, :]).any(2)  # [n, S]: itself and every ancestor matched
         else:  # the sampled judge's walk: its nodes' parents (-1: padding) and the loop step's uniforms
-            probs = logits_to_probs(logits, self.params, host_reads=False)  # [n, S, V]
             node_parent = torch.where(real[:, 1:], parent[:, 1:], -1)  # [n, S - 1]
-            walked, last = walk(probs, tokens[:, 1:], node_parent, st.uniforms[:n, j, :s], self.rounds())
+            walked, last = device_walk(logits, self.params, tokens[:, 1:], node_parent, st.uniforms[:n, j, :s],
+                                       self.rounds())
             on_path = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=on), walked], 1)  # [n, S]: root, path
         levels = torch.arange(mc, device=on)
         at = on_path[:, None, :] & (depth[:, None, :] == levels[None, :, None])  # [n, M, S]: the path node at depth d
@@ -286,8 +287,8 @@ class TreeAhead(PolicyBase):
         return ()
 
     def rounds(self) -> int:
-        """The sampled walk's pointer-jumping rounds for the loop step's trees (`accept.walk`: 2^rounds >= depth)."""
-        return max(max(s.depth for s in self.shapes) - 1, 0).bit_length()
+        """The sampled walk's pointer-jumping rounds for the loop step's trees (`accept.walk_rounds`)."""
+        return walk_rounds(max(s.depth for s in self.shapes))
 
     def settle(self, rows, lo, out, sizes, params, generators, stats, clock) -> list[tuple[list[int], list[int]]]:
         """3. The one host read of every step's tokens, kept nodes and the drafter's committed slots; the slots to
